@@ -1,0 +1,1 @@
+"""Runnable experiment entry points (``python -m experiments.<name> key=value ...``)."""

@@ -1,0 +1,70 @@
+"""``key=value`` command lines checked against a dataclass before anything runs.
+
+A misspelt key or a value of the wrong type stops the command with one line naming the
+key and what it accepts, instead of a stack trace halfway through a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from openinfer.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def parse_overrides(cls: type[T], argv: list[str]) -> T:
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for arg in argv:
+        key, sep, raw = arg.partition("=")
+        if not sep:
+            raise ConfigError(arg, None, "key=value")
+        if key not in fields:
+            raise ConfigError(key, raw, f"one of the keys {', '.join(sorted(fields))}")
+        values[key] = _coerce(key, raw, hints[key])
+    return cls(**values)
+
+
+def _coerce(key: str, raw: str, typ: Any) -> Any:
+    text = str(typ)
+    try:
+        if typ is bool:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return raw.lower() in ("true", "1")
+        if typ is int:
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if "None" in text and raw.lower() in ("null", "none", ""):
+            return None
+        if "float" in text:
+            return float(raw)
+        if "int" in text:
+            return int(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(key, raw, f"a value of type {getattr(typ, '__name__', text)}") from None
+
+
+def main_guard(fn):  # type: ignore[no-untyped-def]
+    """Run ``fn(argv)``; a ConfigError becomes one clear line on stderr and exit code 2."""
+    def wrapper() -> None:
+        try:
+            fn(sys.argv[1:])
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return wrapper
+
+
+def write_report(path: str | None, report: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,1 @@
+"""The Backend protocol: what the core asks of a world (an executor and a transfer engine)."""

@@ -1,0 +1,91 @@
+"""Flush barriers: "every save submitted before this call is visible and registered".
+
+One implementation with two switches (spec §4.2, §4.5, findings F2/F3):
+
+- ``chain_flushes``: barrier k waits for barrier k-1 before it waits for its own saves.
+  A tier's flush *takes* the unfinished save handles it finds; without the chain, a save
+  taken by an earlier barrier is invisible to a later one, which can then complete while
+  that save is still in flight (the PR's flush-chain gap).
+- ``flush_deadline_s``: the whole barrier (predecessor wait included) is bounded; at the
+  deadline the callback still runs, the timeout is counted, and completion is signalled
+  so later barriers do not queue behind a stall. ``None`` is the PR's unbounded barrier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from simpy.events import Event, Process
+
+from openinfer.kv.config import StoreConfig
+from openinfer.kv.stats import StoreStats
+from openinfer.kv.tier import Tier
+from openinfer.runtime import Runtime
+
+
+@dataclass
+class FlushOutcome:
+    ok: bool
+    timed_out: bool = False
+    error: str | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+class FlushBarriers:
+    """Starts barriers on a tier; remembers the last one per tier for chaining."""
+
+    def __init__(self, rt: Runtime, config: StoreConfig, stats: StoreStats) -> None:
+        self.rt = rt
+        self.config = config
+        self.stats = stats
+        self._last: dict[int, Event] = {}
+        self.open_barriers = 0
+
+    def start(self, tier: Tier | None, then: Callable[[FlushOutcome], None] | None) -> Process:
+        self.stats.flushes += 1
+        started = self.rt.now()
+        if tier is None:
+            return self.rt.spawn(self._noop(started, then))
+        # Taken synchronously, as the Rust barrier takes pending_saves at call time.
+        flush = tier.flush()
+        prev = None
+        done = self.rt.event()
+        if self.config.chain_flushes:
+            prev = self._last.get(id(tier))
+            self._last[id(tier)] = done
+        self.open_barriers += 1
+        return self.rt.spawn(self._barrier(flush, prev, done, started, then))
+
+    def _barrier(self, flush: Event, prev: Event | None, done: Event, started: float,
+                 then: Callable[[FlushOutcome], None] | None) -> Generator[Event, Any, FlushOutcome]:
+        rt = self.rt
+        limit = self.config.flush_deadline_s
+        deadline = None if limit is None else started + limit
+        ok = True
+        if prev is not None:
+            ok = yield from rt.wait(prev, deadline)
+        if ok:
+            ok = yield from rt.wait(flush, deadline)
+        if ok:
+            result = flush.value
+            outcome = FlushOutcome(result.ok, error=result.error, started_at=started, finished_at=rt.now())
+        else:
+            self.stats.flush_timeouts += 1
+            outcome = FlushOutcome(False, timed_out=True, error="flush deadline exceeded",
+                                   started_at=started, finished_at=rt.now())
+        self.open_barriers -= 1
+        done.succeed(outcome)
+        if then is not None:
+            then(outcome)
+        return outcome
+
+    def _noop(self, started: float, then: Callable[[FlushOutcome], None] | None
+              ) -> Generator[Event, Any, FlushOutcome]:
+        outcome = FlushOutcome(True, started_at=started, finished_at=started)
+        if then is not None:
+            then(outcome)
+        return outcome
+        yield  # pragma: no cover

@@ -1,0 +1,60 @@
+"""Chained block hashes: the identity of a block of KV.
+
+H_i = blake2b-128(tokens_i, key=H_{i-1}), with H_{-1} = the request's salt. Two requests
+share block i exactly when they share the salt and every token up to the end of block i,
+which is what makes a prefix cache sound: the hash names the KV content, not the request.
+The position is part of the identity through the chain itself (H_i is i keyed compressions
+away from the salt), so it needs no bytes of its own. Only complete blocks are hashed; a
+partial tail block has no identity yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from openinfer.errors import ConfigError
+
+BlockHash = bytes
+HASH_BYTES = 16
+BASE_SALT: BlockHash = bytes(HASH_BYTES)
+
+
+def salt_hash(cache_salt: str | None = None, lora: str | None = None) -> BlockHash:
+    """The chain seed of a cache namespace; ``(None, None)`` is the shared base namespace."""
+    if cache_salt is None and lora is None:
+        return BASE_SALT
+    text = f"salt={cache_salt!r};lora={lora!r}".encode()
+    return hashlib.blake2b(text, digest_size=HASH_BYTES).digest()
+
+
+def validate_tokens(tokens: Sequence[int], field: str = "prompt", vocab_size: int | None = None) -> None:
+    """Token ids must be non-negative ints (and below the vocabulary, when it is known)."""
+    for i, t in enumerate(tokens):
+        if type(t) is not int or t < 0 or (vocab_size is not None and t >= vocab_size):
+            upper = f" and < {vocab_size}" if vocab_size is not None else ""
+            raise ConfigError(f"{field}[{i}]", t, f"an int >= 0{upper}")
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_SALT,
+                 start: int = 0, parent: BlockHash | None = None) -> list[BlockHash]:
+    """Hashes of the complete blocks of ``tokens`` from block index ``start`` on.
+
+    ``parent`` is the hash of block ``start - 1`` (or the salt when ``start == 0``), so a
+    caller that already hashed a prefix extends the chain without rehashing it.
+    """
+    prev = salt if start == 0 else parent
+    if prev is None:
+        raise ValueError("block_hashes: parent is required when start > 0")
+    n_full = len(tokens) // block_size
+    if start >= n_full:
+        return []
+    raw = array("q", tokens[start * block_size:n_full * block_size]).tobytes()
+    stride = block_size * 8
+    blake = hashlib.blake2b
+    out: list[BlockHash] = []
+    for j in range(n_full - start):
+        prev = blake(raw[j * stride:(j + 1) * stride], digest_size=HASH_BYTES, key=prev).digest()
+        out.append(prev)
+    return out

@@ -1,0 +1,249 @@
+"""The host (CPU) tier: sealed pages copied into pinned host memory, found again by hash.
+
+Capacity is in pages (host slots). A save becomes visible to queries only after its D2H
+copy has landed; until then it is a pending save that ``flush`` waits for. A query hit
+returns a lease that pins the blocks until they are loaded, released, or the lease's TTL
+runs out (a lease nobody releases pins host memory until then — that is the late-lease
+leak the guarded query in the store exists to close). Unpinned blocks are evicted LRU.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Generator
+from typing import Any
+
+from simpy.events import Event, Process
+
+from openinfer.backend.transfer import TransferEngine
+from openinfer.errors import AccountingError, require
+from openinfer.kv.hashing import BlockHash
+from openinfer.kv.pool import PageRefs
+from openinfer.kv.ports import Ports
+from openinfer.kv.tier import OK, Lease, OpResult, QueryKind, QueryResult, SaveRecord
+from openinfer.runtime import Runtime
+
+
+class HostTier:
+    """Host-memory tier with LRU eviction, leases with TTL, and pending saves."""
+
+    def __init__(self, rt: Runtime, capacity_pages: int, transfer: TransferEngine, *,
+                 lease_ttl_s: float = 600.0, name: str = "host", ports: Ports | None = None) -> None:
+        require(isinstance(capacity_pages, int) and capacity_pages >= 0,
+                "host_tier.capacity_pages", capacity_pages, "an int >= 0")
+        require(lease_ttl_s > 0, "host_tier.lease_ttl_s", lease_ttl_s, "a number > 0 (seconds)")
+        self.rt = rt
+        self.name = name
+        self.capacity = capacity_pages
+        self.transfer = transfer
+        self.lease_ttl_s = lease_ttl_s
+        self.ports = ports or Ports()
+        self._slot_of: OrderedDict[BlockHash, int] = OrderedDict()  # visible blocks, LRU first
+        self._pins: dict[BlockHash, int] = {}
+        self._free_slots = list(range(capacity_pages - 1, -1, -1))
+        self._leases: dict[int, Lease] = {}
+        self._expiry: list[tuple[float, int]] = []
+        self._next_lease = 0
+        self.pending_saves: list[SaveRecord] = []
+        self.counters: dict[str, int] = dict(
+            queries=0, hits=0, hit_blocks=0, misses=0, inserts=0, evictions=0,
+            saves=0, saves_failed=0, loads=0, loads_failed=0, leases_expired=0)
+
+    # -- contents ---------------------------------------------------------------------
+    def resident_prefix(self, hashes: list[BlockHash]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self._slot_of:
+                break
+            n += 1
+        return n
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._slot_of
+
+    def resident_blocks(self) -> int:
+        return len(self._slot_of)
+
+    def open_leases(self) -> int:
+        self._expire_leases()
+        return len(self._leases)
+
+    # -- query / load / release -------------------------------------------------------
+    def query(self, req_id: str, hashes: list[BlockHash], wait_full: bool) -> Process:
+        return self.rt.spawn(self._query(req_id, hashes, wait_full))
+
+    def _query(self, req_id: str, hashes: list[BlockHash],
+               wait_full: bool) -> Generator[Event, Any, QueryResult]:
+        self.counters["queries"] += 1
+        if self.ports.active("query"):
+            err = yield from self.ports.through("query", req_id)
+            if err is not None:
+                return QueryResult(QueryKind.FAILED, error=err)
+        result = yield from self.answer(req_id, hashes, wait_full)
+        return result
+
+    def answer(self, req_id: str, hashes: list[BlockHash],
+               wait_full: bool) -> Generator[Event, Any, QueryResult]:
+        """The local answer; a peer tier extends it with remote fetches."""
+        return self.local_answer(hashes, wait_full)
+        yield  # pragma: no cover - makes this a generator for subclasses
+
+    def local_answer(self, hashes: list[BlockHash], wait_full: bool) -> QueryResult:
+        self._expire_leases()
+        k = self.resident_prefix(hashes)
+        if k == 0 or (wait_full and k < len(hashes)):
+            self.counters["misses"] += 1
+            return QueryResult(QueryKind.MISS)
+        self.counters["hits"] += 1
+        self.counters["hit_blocks"] += k
+        return QueryResult(QueryKind.HIT, lease=self.grant_lease(hashes[:k]))
+
+    def grant_lease(self, hashes: list[BlockHash], ttl_s: float | None = None) -> Lease:
+        """Pin resident blocks for a consumer (a local load or a peer's transfer lock)."""
+        slots = []
+        for h in hashes:
+            slots.append(self._slot_of[h])
+            self._slot_of.move_to_end(h)
+            self._pins[h] = self._pins.get(h, 0) + 1
+        self._next_lease += 1
+        ttl = self.lease_ttl_s if ttl_s is None else ttl_s
+        lease = Lease(self._next_lease, list(hashes), slots, self.rt.now() + ttl)
+        self._leases[lease.lease_id] = lease
+        heapq.heappush(self._expiry, (lease.expires_at, lease.lease_id))
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        self._end_lease(lease, "released")
+
+    def load(self, lease: Lease, dst_pages: list[int]) -> Process:
+        if lease.state != "open":
+            raise AccountingError(f"load of a {lease.state} lease")
+        if len(dst_pages) != len(lease):
+            raise AccountingError(f"load: {len(dst_pages)} pages for a lease of {len(lease)} blocks")
+        return self.rt.spawn(self._load(lease, dst_pages))
+
+    def _load(self, lease: Lease, dst_pages: list[int]) -> Generator[Event, Any, OpResult]:
+        self.counters["loads"] += 1
+        err = None
+        if self.ports.active("load"):
+            err = yield from self.ports.through("load", str(lease.lease_id))
+        if err is None:
+            yield self.transfer.h2d(lease.slots, dst_pages)
+        if lease.state == "open":
+            self._end_lease(lease, "loaded")  # consumed on success and on failure
+        if err is not None:
+            self.counters["loads_failed"] += 1
+            return OpResult(False, err)
+        return OK
+
+    def _end_lease(self, lease: Lease, state: str) -> None:
+        if lease.state != "open":
+            return  # a lease that expired first; its pins are already gone
+        lease.state = state
+        del self._leases[lease.lease_id]
+        for h in lease.hashes:
+            left = self._pins[h] - 1
+            if left:
+                self._pins[h] = left
+            else:
+                del self._pins[h]
+
+    def _expire_leases(self) -> None:
+        now = self.rt.now()
+        while self._expiry and self._expiry[0][0] <= now:
+            _, lease_id = heapq.heappop(self._expiry)
+            lease = self._leases.get(lease_id)
+            if lease is not None:
+                self._end_lease(lease, "expired")
+                self.counters["leases_expired"] += 1
+
+    # -- save / flush -----------------------------------------------------------------
+    def save(self, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> SaveRecord:
+        self.pending_saves = [s for s in self.pending_saves if not s.done.triggered]
+        rec = SaveRecord(list(hashes), None, self.rt.now())  # type: ignore[arg-type]
+        rec.done = self.rt.spawn(self._save(rec, pages, hashes, guards))
+        self.pending_saves.append(rec)
+        self.counters["saves"] += 1
+        return rec
+
+    def _save(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash],
+              guards: PageRefs) -> Generator[Event, Any, OpResult]:
+        err = None
+        if self.ports.active("save"):
+            err = yield from self.ports.through("save", hashes[0].hex()[:8] if hashes else "")
+        new = [(p, h) for p, h in zip(pages, hashes) if h not in self._slot_of]
+        slots: list[int] = []
+        if err is None and new:
+            slots = self._take_slots(len(new))
+            if slots is None:
+                err, slots = "host tier full: every resident block is pinned", []
+            else:
+                yield self.transfer.d2h([p for p, _ in new], slots)
+        guards.release()  # the GPU pages may be reused once the D2H has landed
+        if err is not None:
+            self._free_slots.extend(slots)
+            self.counters["saves_failed"] += 1
+            return OpResult(False, err)
+        for (_, h), slot in zip(new, slots):
+            if h in self._slot_of:  # a concurrent save of the same block won the race
+                self._free_slots.append(slot)
+                continue
+            self._slot_of[h] = slot
+            self.counters["inserts"] += 1
+        rec.visible_at = self.rt.now()
+        self.on_visible(rec)
+        return OK
+
+    def on_visible(self, rec: SaveRecord) -> None:
+        """Hook for a peer tier: advertise the blocks once they are visible locally."""
+        rec.registered_at = rec.visible_at
+
+    def _take_slots(self, n: int) -> list[int] | None:
+        self._expire_leases()
+        if n > self.capacity:
+            return None
+        while len(self._free_slots) < n:
+            victim = next((h for h in self._slot_of if h not in self._pins), None)
+            if victim is None:
+                return None
+            self._free_slots.append(self._slot_of.pop(victim))
+            self.counters["evictions"] += 1
+        return [self._free_slots.pop() for _ in range(n)]
+
+    def insert_fetched(self, hashes: list[BlockHash], slots: list[int]) -> None:
+        """Make blocks fetched from a peer visible locally (slots from ``take_slots``)."""
+        for h, slot in zip(hashes, slots):
+            if h in self._slot_of:
+                self._free_slots.append(slot)
+            else:
+                self._slot_of[h] = slot
+                self.counters["inserts"] += 1
+
+    def take_slots(self, n: int) -> list[int] | None:
+        return self._take_slots(n)
+
+    def flush(self) -> Process:
+        """Barrier: takes every unfinished save NOW, then waits for them (and registration).
+
+        A save whose handle an earlier flush took is invisible to this one: that is the
+        shape of the PR's flush-chain gap, which the store's chained barrier closes.
+        """
+        taken = [s for s in self.pending_saves if not s.done.triggered]
+        self.pending_saves = []
+        return self.rt.spawn(self._flush(taken))
+
+    def _flush(self, taken: list[SaveRecord]) -> Generator[Event, Any, OpResult]:
+        if taken:
+            yield self.rt.all_of(s.done for s in taken)
+        err = None
+        if self.ports.active("flush"):
+            err = yield from self.ports.through("flush")
+        if err is None:
+            err = yield from self.drain_registrations()
+        return OK if err is None else OpResult(False, err)
+
+    def drain_registrations(self) -> Generator[Event, Any, str | None]:
+        """Host-only tier: visibility is the whole barrier."""
+        return None
+        yield  # pragma: no cover

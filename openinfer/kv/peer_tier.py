@@ -1,0 +1,158 @@
+"""The peer (P2P) tier: a host tier that advertises its blocks and pulls others' blocks.
+
+Producer side: once a save is visible locally its hashes go on a bounded registration
+queue (dropped, and counted, when the queue is full); one worker delivers them to the
+MetaServer. ``flush`` waits for the queue to drain, so on return every save it covers is
+registered — the KV-ready promise a prefill server makes when it answers.
+
+Consumer side: a local miss answers ``Loading`` while a remote fetch runs (MetaServer
+lookup → transfer lock at the owner → RDMA read into local host slots); the resolve
+re-queries, and once the fetch settles the query answers from local memory. Fetch state
+is keyed by the resolve's ``req_id``, which must be unique per concurrent resolve.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from simpy.events import Event, Process
+
+from openinfer.backend.transfer import TransferEngine
+from openinfer.errors import require
+from openinfer.kv.hashing import BlockHash
+from openinfer.kv.host_tier import HostTier
+from openinfer.kv.metaserver import MetaServer, PeerDirectory
+from openinfer.kv.ports import Ports
+from openinfer.kv.tier import QueryKind, QueryResult, SaveRecord
+from openinfer.runtime import Runtime
+
+
+@dataclass
+class _Fetch:
+    process: Process
+    started_at: float
+
+
+class PeerTier(HostTier):
+    """Host tier + MetaServer registration + remote fetch from peers."""
+
+    def __init__(self, rt: Runtime, capacity_pages: int, transfer: TransferEngine, *,
+                 name: str, namespace: str, metaserver: MetaServer, directory: PeerDirectory,
+                 registration_queue: int = 1024, lease_ttl_s: float = 600.0,
+                 transfer_lock_ttl_s: float = 60.0, ports: Ports | None = None) -> None:
+        super().__init__(rt, capacity_pages, transfer, lease_ttl_s=lease_ttl_s, name=name, ports=ports)
+        require(registration_queue >= 1, "peer_tier.registration_queue", registration_queue, "an int >= 1")
+        self.namespace = namespace
+        self.metaserver = metaserver
+        self.directory = directory
+        self.transfer_lock_ttl_s = transfer_lock_ttl_s
+        self._queue: deque[SaveRecord] = deque()
+        self._queue_cap = registration_queue
+        self._wake: Event | None = None
+        self._busy = False
+        self._drained: list[Event] = []
+        self._fetches: dict[str, _Fetch] = {}
+        self.counters.update(registrations=0, registrations_dropped=0, registration_errors=0,
+                             remote_fetches=0, remote_blocks=0, remote_failures=0)
+        directory.add(name, self)
+        rt.spawn(self._registration_worker())
+
+    # -- producer: registration -------------------------------------------------------
+    def on_visible(self, rec: SaveRecord) -> None:
+        if len(self._queue) >= self._queue_cap:
+            self.counters["registrations_dropped"] += 1
+            rec.extra["registration"] = "dropped"
+            return
+        self._queue.append(rec)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _registration_worker(self) -> Generator[Event, Any, None]:
+        while True:
+            if not self._queue:
+                self._notify_drained()
+                self._wake = self.rt.event()
+                yield self._wake
+                continue
+            rec = self._queue[0]
+            self._busy = True
+            err = yield self.metaserver.register(self.name, self.namespace, rec.hashes)
+            self._queue.popleft()
+            self._busy = False
+            if err is None:
+                rec.registered_at = self.rt.now()
+                self.counters["registrations"] += 1
+            else:
+                rec.extra["registration"] = err
+                self.counters["registration_errors"] += 1
+
+    def _notify_drained(self) -> None:
+        waiters, self._drained = self._drained, []
+        for ev in waiters:
+            ev.succeed()
+
+    def drain_registrations(self) -> Generator[Event, Any, str | None]:
+        """Best effort, as pegaflow's: delivered or dropped, the queue must be empty."""
+        if self._queue or self._busy:
+            ev = self.rt.event()
+            self._drained.append(ev)
+            yield ev
+        return None
+
+    # -- consumer: remote fetch -------------------------------------------------------
+    def answer(self, req_id: str, hashes: list[BlockHash],
+               wait_full: bool) -> Generator[Event, Any, QueryResult]:
+        k = self.resident_prefix(hashes)
+        fetch = self._fetches.get(req_id)
+        if k < len(hashes):
+            if fetch is None:
+                proc = self.rt.spawn(self._fetch(hashes[k:]))
+                self._fetches[req_id] = _Fetch(proc, self.rt.now())
+                self.counters["remote_fetches"] += 1
+                return QueryResult(QueryKind.LOADING)
+            if not fetch.process.triggered:
+                return QueryResult(QueryKind.LOADING)
+        if fetch is not None and fetch.process.triggered:
+            del self._fetches[req_id]  # settled: the next miss may ask the MetaServer again
+        return self.local_answer(hashes, wait_full)
+        yield  # pragma: no cover
+
+    def _fetch(self, hashes: list[BlockHash]) -> Generator[Event, Any, int]:
+        owner, n, err = yield self.metaserver.lookup(self.namespace, hashes)
+        peer = self.directory.get(owner) if owner is not None else None
+        if err is not None or peer is None or peer is self or n == 0:
+            if err is not None:
+                self.counters["remote_failures"] += 1
+            return 0
+        lock = peer.lock_for_transfer(hashes[:n])
+        if lock is None:
+            return 0
+        dst = self.take_slots(len(lock))
+        if dst is None:
+            peer.release(lock)
+            self.counters["remote_failures"] += 1
+            return 0
+        yield self.transfer.peer_read(peer.name, lock.slots, dst)
+        peer.release(lock)
+        self.insert_fetched(lock.hashes, dst)
+        self.counters["remote_blocks"] += len(lock)
+        return len(lock)
+
+    def lock_for_transfer(self, hashes: list[BlockHash]):  # type: ignore[no-untyped-def]
+        """Owner side: pin the resident prefix for a peer's read (expires if the peer dies)."""
+        k = self.resident_prefix(hashes)
+        if k == 0:
+            return None
+        return self.grant_lease(hashes[:k], ttl_s=self.transfer_lock_ttl_s)
+
+    def stale_fetches(self, older_than_s: float = 300.0) -> int:
+        """GC of abandoned fetch state (pegaflow: > 5 min)."""
+        now = self.rt.now()
+        stale = [k for k, f in self._fetches.items()
+                 if f.process.triggered and now - f.started_at > older_than_s]
+        for k in stale:
+            del self._fetches[k]
+        return len(stale)

@@ -1,0 +1,272 @@
+"""The logical block pool: which page holds which block, and who may still use it.
+
+Every page is in exactly one of three places: the reset pool (empty, free), the inactive
+pool (holds a registered block nobody references; free, but still matchable until it is
+evicted, LRU first), or active (referenced by a request, a hold or a save guard). Pages
+are counted by strong references; a page returns to a pool only when its last reference
+is released. ``available_blocks`` = reset + inactive, the number a new allocation can get.
+
+Misuse that would corrupt this accounting (releasing a page twice, registering a page
+twice, acquiring a free page) raises :class:`~openinfer.errors.AccountingError` at once
+rather than leaving a pool that silently disagrees with itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from openinfer.errors import AccountingError, is_power_of_two, require
+from openinfer.kv.hashing import BASE_SALT, BlockHash
+
+MAX_BLOCK_SIZE = 1024
+
+
+@dataclass
+class PoolCounters:
+    """Lifetime counters of a pool; monitors and reports read them."""
+
+    allocations: int = 0
+    allocation_failures: int = 0
+    evictions: int = 0
+    matches: int = 0
+    matched_blocks: int = 0
+
+
+class BlockPool:
+    """Reset / inactive (LRU) / active pages with refcounts, a radix of registered hashes,
+    the padding page, and (optionally) the entitlement floor of admitted requests."""
+
+    def __init__(self, block_size: int, num_blocks: int, *, entitlement: bool = False) -> None:
+        require(is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
+                "block_size", block_size, f"a power of two <= {MAX_BLOCK_SIZE}")
+        require(isinstance(num_blocks, int) and num_blocks >= 2, "num_blocks", num_blocks,
+                "an int >= 2 (one page is the permanent padding page)")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.entitlement_enabled = entitlement
+        self.entitled = 0
+        self.counters = PoolCounters()
+        self._refs = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        self._primary: dict[BlockHash, int] = {}
+        self._reset: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0 first
+        self._inactive: OrderedDict[int, None] = OrderedDict()
+        self._reset_on_release: set[int] = set()
+        pad = self.allocate(1)
+        assert pad is not None
+        self.padding_page = pad[0]
+        self.register(self.padding_page, BASE_SALT)  # all-zero hash, referenced forever
+
+    # -- sizes ------------------------------------------------------------------------
+    def total_blocks(self) -> int:
+        return self.num_blocks
+
+    def available_blocks(self) -> int:
+        return len(self._reset) + len(self._inactive)
+
+    def max_request_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def active_blocks(self) -> int:
+        return self.num_blocks - self.available_blocks()
+
+    def inactive_blocks(self) -> int:
+        return len(self._inactive)
+
+    def reset_blocks(self) -> int:
+        return len(self._reset)
+
+    # -- page state -------------------------------------------------------------------
+    def refcount(self, page: int) -> int:
+        return self._refs[page]
+
+    def block_hash(self, page: int) -> BlockHash | None:
+        return self._hash[page]
+
+    def is_free(self, page: int) -> bool:
+        return self._refs[page] == 0
+
+    def contains(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._primary
+
+    # -- allocation -------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` fresh mutable pages (refcount 1 each), or None if fewer are free."""
+        if n < 0:
+            raise AccountingError(f"allocate({n}): negative count")
+        if self.available_blocks() < n:
+            self.counters.allocation_failures += 1
+            return None
+        pages: list[int] = []
+        for _ in range(n):
+            if self._reset:
+                page = self._reset.pop()
+            else:
+                page, _ = self._inactive.popitem(last=False)  # evict least recently used
+                self._forget(page)
+                self.counters.evictions += 1
+            self._refs[page] = 1
+            pages.append(page)
+        self.counters.allocations += n
+        return pages
+
+    def register(self, page: int, block_hash: BlockHash) -> bool:
+        """Name a mutable page with its block hash; True if it became the matchable primary.
+
+        Duplication policy Allow: if the hash is already registered the page stays a private
+        duplicate (active while held, never matched, reset when released).
+        """
+        if self._refs[page] < 1:
+            raise AccountingError(f"register: page {page} is not held")
+        if self._hash[page] is not None:
+            raise AccountingError(f"register: page {page} is already registered")
+        self._hash[page] = block_hash
+        if block_hash in self._primary:
+            return False
+        self._primary[block_hash] = page
+        return True
+
+    def acquire(self, page: int) -> None:
+        """Take one more strong reference to a registered or already-held page."""
+        if self._refs[page] == 0:
+            if page not in self._inactive:
+                raise AccountingError(f"acquire: page {page} is free (reset)")
+            del self._inactive[page]
+        self._refs[page] += 1
+
+    def release(self, page: int) -> None:
+        """Drop one strong reference; the last one returns the page to a pool."""
+        refs = self._refs[page]
+        if refs <= 0:
+            raise AccountingError(f"release: page {page} has no reference (double release)")
+        if page == self.padding_page and refs == 1:
+            raise AccountingError("release: the padding page is referenced forever")
+        self._refs[page] = refs - 1
+        if refs > 1:
+            return
+        h = self._hash[page]
+        if h is not None and self._primary.get(h) == page and page not in self._reset_on_release:
+            self._inactive[page] = None  # most recently used end
+            return
+        self._forget(page)
+        self._reset.append(page)
+
+    def release_all(self, pages: Iterable[int]) -> None:
+        for page in pages:
+            self.release(page)
+
+    def _forget(self, page: int) -> None:
+        h = self._hash[page]
+        if h is not None and self._primary.get(h) == page:
+            del self._primary[h]
+        self._hash[page] = None
+        self._reset_on_release.discard(page)
+
+    # -- prefix matching --------------------------------------------------------------
+    def match(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """Strong refs to the longest contiguous registered prefix of ``hashes``."""
+        pages: list[int] = []
+        primary = self._primary
+        for h in hashes:
+            page = primary.get(h)
+            if page is None:
+                break
+            self.acquire(page)
+            pages.append(page)
+        self.counters.matches += 1
+        self.counters.matched_blocks += len(pages)
+        return pages
+
+    def prefix_length(self, hashes: Sequence[BlockHash]) -> int:
+        """Length of the registered prefix of ``hashes``, without taking references."""
+        n = 0
+        for h in hashes:
+            if h not in self._primary:
+                break
+            n += 1
+        return n
+
+    def evict_inactive(self) -> int:
+        """Drain the whole inactive pool to reset; active pages are untouched."""
+        n = len(self._inactive)
+        while self._inactive:
+            page, _ = self._inactive.popitem(last=False)
+            self._forget(page)
+            self._reset.append(page)
+        self.counters.evictions += n
+        return n
+
+    def mark_reset_on_release(self, pages: Iterable[int]) -> None:
+        """Make the final release of these primaries go to reset, not inactive (#681)."""
+        for page in pages:
+            h = self._hash[page]
+            if h is not None and self._primary.get(h) == page:
+                self._reset_on_release.add(page)
+
+    # -- entitlement (HEAD kv-store; optional) ----------------------------------------
+    def entitle(self, delta: int) -> None:
+        self.entitled += delta
+        if self.entitled < 0:
+            raise AccountingError(f"entitlement went negative ({self.entitled})")
+
+    def headroom(self) -> int:
+        """Pages an opportunistic reservation may take without starving admitted draws."""
+        floor = self.entitled if self.entitlement_enabled else 0
+        return self.available_blocks() - floor
+
+    # -- checks -----------------------------------------------------------------------
+    def check(self) -> None:
+        """Assert the pool's internal invariants; monitors call this after every event."""
+        reset = set(self._reset)
+        inactive = set(self._inactive)
+        if len(reset) != len(self._reset):
+            raise AccountingError("pool: a page is in the reset pool twice")
+        if reset & inactive:
+            raise AccountingError("pool: a page is both reset and inactive")
+        active = [p for p in range(self.num_blocks) if self._refs[p] > 0]
+        if len(reset) + len(inactive) + len(active) != self.num_blocks:
+            raise AccountingError("pool: reset + inactive + active != total")
+        for p in reset | inactive:
+            if self._refs[p] != 0:
+                raise AccountingError(f"pool: free page {p} has refcount {self._refs[p]}")
+        for p in inactive:
+            h = self._hash[p]
+            if h is None or self._primary.get(h) != p:
+                raise AccountingError(f"pool: inactive page {p} is not a registered primary")
+        for h, p in self._primary.items():
+            if self._hash[p] != h or p in reset:
+                raise AccountingError(f"pool: radix entry for page {p} is stale")
+        if self.entitlement_enabled and self.entitled < 0:
+            raise AccountingError("pool: negative entitlement")
+
+
+@dataclass
+class PageRefs:
+    """Strong references owned by one holder (a prefix hold, a save guard, a reservation).
+
+    Released exactly once; a second release raises, because in the Rust original the
+    owner is dropped once and a double drop would be a double free.
+    """
+
+    pool: BlockPool
+    pages: list[int] = field(default_factory=list)
+    released: bool = False
+
+    def __len__(self) -> int:
+        return len(self.pages)
+
+    def release(self) -> None:
+        if self.released:
+            raise AccountingError("PageRefs released twice")
+        self.released = True
+        self.pool.release_all(self.pages)
+        self.pages = []
+
+    @classmethod
+    def guard(cls, pool: BlockPool, pages: Sequence[int]) -> PageRefs:
+        """Take a new strong reference to each page (a KvBlockGuard per page)."""
+        for page in pages:
+            pool.acquire(page)
+        return cls(pool, list(pages))

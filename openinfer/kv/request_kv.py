@@ -1,0 +1,237 @@
+"""Per-request KV: the pages of one sequence, and the schedule/apply protocol of a step.
+
+A step is two-phase, as in kvbm: ``schedule_*`` draws the pages the step will write (and
+fails the step if the pool cannot supply them), the executor runs, then ``apply_*``
+advances the KV position and registers every block whose KV is now complete, so other
+requests can match it. ``revert_schedule`` undoes a schedule whose step failed.
+
+Page draws follow kvbm's peak: decode keeps one eager generation page ahead, so a request
+with prompt p and max_tokens m draws at most ``ceil((p + m) / block_size)`` pages —
+``lifetime_blocks`` — which is what admission reserves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+from openinfer.errors import AccountingError
+from openinfer.kv.hashing import BlockHash, block_hashes
+from openinfer.kv.pool import BlockPool
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KvState(Enum):
+    IDLE = "idle"
+    PREFILL_SCHEDULED = "prefill_scheduled"
+    DECODE_SCHEDULED = "decode_scheduled"
+    RELEASED = "released"
+
+
+class PrefillOverrun(AccountingError):
+    """A prefill chunk was scheduled past the end of the prompt."""
+
+
+class RequestKv:
+    """Pages of one sequence: block i of the sequence lives in ``pages[i]``."""
+
+    def __init__(self, pool: BlockPool, prompt: Sequence[int], max_tokens: int,
+                 salt: BlockHash, prompt_hashes: Sequence[BlockHash] | None = None) -> None:
+        if max_tokens < 1:
+            raise AccountingError(f"RequestKv: max_tokens={max_tokens} must be >= 1")
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.tokens: list[int] = list(prompt)
+        self.num_prompt = len(prompt)
+        self.max_tokens = max_tokens
+        self.salt = salt
+        self.lifetime_blocks = max(1, ceil_div(self.num_prompt + max_tokens, self.block_size))
+        self.hashes: list[BlockHash] = list(prompt_hashes) if prompt_hashes is not None else \
+            block_hashes(self.tokens, self.block_size, salt)
+        self.pages: list[int] = []
+        self.registered = 0          # pages[:registered] are named blocks
+        self.kv_position = 0         # tokens whose KV is written
+        self.prefill_position = 0
+        self.prefix_matched_blocks = 0
+        self.admitted = False
+        self.state = KvState.IDLE
+        self._scheduled_tokens = 0
+        self._drawn: list[int] = []  # pages drawn by the scheduled step, for revert
+
+    # -- sizes ------------------------------------------------------------------------
+    @property
+    def resident_blocks(self) -> int:
+        return len(self.pages)
+
+    @property
+    def remaining_blocks(self) -> int:
+        return max(0, self.lifetime_blocks - self.resident_blocks)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefill_position >= self.num_prompt
+
+    def registered_blocks(self) -> list[tuple[int, BlockHash]]:
+        """(page, hash) of every named block, in sequence order."""
+        return [(self.pages[i], self.hashes[i]) for i in range(self.registered)]
+
+    def step_page_indices(self, new_tokens: int) -> list[int]:
+        """Exactly the pages a kernel may touch for a step writing ``new_tokens`` (#291)."""
+        return self.pages[:ceil_div(self.kv_position + new_tokens, self.block_size)]
+
+    # -- prefix -----------------------------------------------------------------------
+    def match_and_add_prefix(self) -> int:
+        """Adopt the cached prefix of the prompt (at most (n-1)//bs blocks); cached tokens."""
+        self._expect(KvState.IDLE)
+        if self.pages or self.kv_position:
+            raise AccountingError("match_and_add_prefix on a request that already has KV")
+        cap = max(0, (self.num_prompt - 1) // self.block_size)
+        with self._settle():
+            matched = self.pool.match(self.hashes[:cap])
+            self.pages = matched
+        self.registered = len(matched)
+        self.prefix_matched_blocks = len(matched)
+        self.kv_position = self.prefill_position = len(matched) * self.block_size
+        return self.kv_position
+
+    # -- prefill ----------------------------------------------------------------------
+    def schedule_prefill(self, n: int) -> bool:
+        """Draw pages for the next ``n`` prompt tokens; False if the pool cannot."""
+        self._expect(KvState.IDLE)
+        if n <= 0 or self.prefill_position + n > self.num_prompt:
+            raise PrefillOverrun(f"prefill of {n} tokens at {self.prefill_position}/{self.num_prompt}")
+        if not self._draw(ceil_div(self.prefill_position + n, self.block_size)):
+            return False
+        self._scheduled_tokens = n
+        self.state = KvState.PREFILL_SCHEDULED
+        return True
+
+    def apply_prefill(self, next_token: int | None = None) -> None:
+        """Mark the scheduled chunk written; on the final chunk, append the first token."""
+        self._expect(KvState.PREFILL_SCHEDULED)
+        self.kv_position += self._scheduled_tokens
+        self.prefill_position += self._scheduled_tokens
+        self._register_complete()
+        if self.prefill_done:
+            if next_token is None:
+                raise AccountingError("final prefill chunk applied without its first token")
+            self.tokens.append(next_token)
+        self._finish_step()
+
+    # -- decode -----------------------------------------------------------------------
+    def schedule_decode(self) -> bool:
+        """Draw pages for one decode row (one eager generation page ahead)."""
+        self._expect(KvState.IDLE)
+        if len(self.tokens) != self.kv_position + 1:
+            raise AccountingError("schedule_decode needs exactly one token without KV")
+        if not self._draw(ceil_div(self.kv_position + 2, self.block_size)):
+            return False
+        self._scheduled_tokens = 1
+        self.state = KvState.DECODE_SCHEDULED
+        return True
+
+    def apply_decode(self, next_token: int) -> None:
+        self._expect(KvState.DECODE_SCHEDULED)
+        self.kv_position += 1
+        self.tokens.append(next_token)
+        self._register_complete()
+        self._finish_step()
+
+    def revert_schedule(self) -> None:
+        """Return the pages the failed step drew, last drawn first."""
+        if self.state not in (KvState.PREFILL_SCHEDULED, KvState.DECODE_SCHEDULED):
+            raise AccountingError(f"revert_schedule in state {self.state.value}")
+        with self._settle():
+            for page in reversed(self._drawn):
+                self.pages.pop()
+                self.pool.release(page)
+        self._finish_step()
+
+    # -- release ----------------------------------------------------------------------
+    def release(self) -> None:
+        """Return every page; refunds the entitlement remainder first."""
+        if self.state is KvState.RELEASED:
+            raise AccountingError("RequestKv released twice")
+        if self.admitted:
+            self.pool.entitle(-self.remaining_blocks)
+            self.admitted = False
+        pages, self.pages = self.pages, []
+        self.pool.release_all(pages)
+        self.state = KvState.RELEASED
+
+    def mark_reset_on_release(self) -> None:
+        self.pool.mark_reset_on_release(self.pages)
+
+    # -- entitlement ------------------------------------------------------------------
+    def try_admit(self, credited: int = 0) -> bool:
+        """Entitle the remaining draw if the pool can cover it (idempotent)."""
+        if self.admitted:
+            return True
+        pool = self.pool
+        if pool.entitlement_enabled and \
+                pool.available_blocks() + credited < pool.entitled + self.remaining_blocks:
+            return False
+        self.admitted = True
+        pool.entitle(self.remaining_blocks)
+        return True
+
+    # -- internals --------------------------------------------------------------------
+    def _draw(self, target_pages: int) -> bool:
+        need = target_pages - len(self.pages)
+        self._drawn = []
+        if need <= 0:
+            return True
+        with self._settle():
+            pages = self.pool.allocate(need)
+            if pages is None:
+                return False
+            self.pages.extend(pages)
+        self._drawn = pages
+        return True
+
+    def _register_complete(self) -> None:
+        complete = self.kv_position // self.block_size
+        if complete > len(self.hashes):
+            self.hashes.extend(block_hashes(self.tokens, self.block_size, self.salt,
+                                            start=len(self.hashes),
+                                            parent=self.hashes[-1] if self.hashes else None))
+        for i in range(self.registered, complete):
+            self.pool.register(self.pages[i], self.hashes[i])
+        self.registered = max(self.registered, complete)
+
+    def _finish_step(self) -> None:
+        self._scheduled_tokens = 0
+        self._drawn = []
+        self.state = KvState.IDLE
+
+    def _expect(self, state: KvState) -> None:
+        if self.state is not state:
+            raise AccountingError(f"RequestKv in state {self.state.value}, expected {state.value}")
+
+    def _settle(self) -> _Settle:
+        return _Settle(self)
+
+
+class _Settle:
+    """Moves the entitlement counter by the change in resident pages of an admitted request."""
+
+    __slots__ = ("kv", "before")
+
+    def __init__(self, kv: RequestKv) -> None:
+        self.kv = kv
+        self.before = 0
+
+    def __enter__(self) -> None:
+        self.before = self.kv.resident_blocks
+
+    def __exit__(self, *exc: object) -> None:
+        kv = self.kv
+        if kv.admitted:
+            after = kv.resident_blocks
+            # draws shrink the remainder (never below zero: the eager page can overshoot)
+            before_rem = max(0, kv.lifetime_blocks - self.before)
+            after_rem = max(0, kv.lifetime_blocks - after)
+            kv.pool.entitle(after_rem - before_rem)

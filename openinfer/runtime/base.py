@@ -1,0 +1,107 @@
+"""The Runtime seam: the only source of time, sleep, tasks, events and randomness.
+
+Core code (``openinfer.kv``, ``openinfer.scheduler``) is written as SimPy-style generator
+processes that yield the events this class hands out. Whether those events complete in
+virtual time (:class:`~openinfer.runtime.sim.SimRuntime`) or in wall-clock time, with
+device completions polled from CUDA events (:class:`~openinfer.runtime.wall.WallRuntime`),
+is invisible to the core. That is what makes "the same code in two worlds" true, and what
+lets every simulated run replay exactly from (config, seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Generator, Iterable
+from typing import Any
+
+import simpy
+from simpy.events import Event, Process
+
+from openinfer.runtime.ordering import EventOrder, FifoOrder
+
+ProcessGen = Generator[Event, Any, Any]
+
+
+class OrderedEnvironment(simpy.Environment):
+    """A SimPy environment whose ties between simultaneous events follow an EventOrder."""
+
+    def __init__(self, order: EventOrder | None = None, initial_time: float = 0.0) -> None:
+        super().__init__(initial_time)
+        self.order: EventOrder = order or FifoOrder()
+        self.events_processed = 0
+
+    def schedule(self, event: Event, priority: Any = 1, delay: float = 0) -> None:  # type: ignore[override]
+        key = self.order.key(next(self._eid), self.active_process)
+        simpy.core.heappush(self._queue, (self._now + delay, priority, key, event))
+
+    def step(self) -> None:
+        self.events_processed += 1
+        super().step()
+
+
+class Runtime:
+    """Time, sleep, spawn, events, deadlines and seeded randomness for the core."""
+
+    def __init__(self, env: OrderedEnvironment, seed: int) -> None:
+        self.env = env
+        self.seed = seed
+
+    # -- time -------------------------------------------------------------------------
+    def now(self) -> float:
+        return self.env.now
+
+    def sleep(self, seconds: float) -> Event:
+        return self.env.timeout(max(0.0, seconds))
+
+    # -- tasks and events -------------------------------------------------------------
+    def event(self) -> Event:
+        return self.env.event()
+
+    def spawn(self, gen: ProcessGen) -> Process:
+        return self.env.process(gen)
+
+    def any_of(self, events: Iterable[Event]) -> Event:
+        return self.env.any_of(list(events))
+
+    def all_of(self, events: Iterable[Event]) -> Event:
+        return self.env.all_of(list(events))
+
+    def done(self, value: Any = None) -> Event:
+        """An event that has already succeeded: the answer of an operation with no wait."""
+        ev = self.env.event()
+        ev.succeed(value)
+        return ev
+
+    def wait(self, event: Event, deadline: float | None) -> Generator[Event, Any, bool]:
+        """Wait for ``event`` until the absolute time ``deadline``; True if it completed.
+
+        The event itself is not cancelled on timeout: whatever it stands for (a DMA, an
+        RPC) keeps running, and only this observer stops waiting. Callers that own the
+        operation must account for its late completion.
+        """
+        if event.triggered:
+            return True
+        if deadline is None:
+            yield event
+            return True
+        remaining = deadline - self.now()
+        if remaining <= 0:
+            return False
+        yield event | self.env.timeout(remaining)
+        return event.triggered
+
+    # -- randomness -------------------------------------------------------------------
+    def rng(self, stream: str) -> random.Random:
+        """A random stream derived from (seed, stream name): independent and replayable."""
+        digest = hashlib.blake2b(f"{self.seed}/{stream}".encode(), digest_size=8).digest()
+        return random.Random(int.from_bytes(digest, "big"))
+
+    # -- driving ----------------------------------------------------------------------
+    def run(self, until: float | Event | None = None) -> Any:
+        return self.env.run(until=until)
+
+    def run_process(self, gen: ProcessGen) -> Any:
+        """Spawn ``gen``, run the world until it ends, return its value."""
+        proc = self.spawn(gen)
+        return self.env.run(until=proc)

@@ -1,0 +1,89 @@
+"""Copy engines: D2H, H2D and peer reads with bandwidth, per-operation latency and a queue.
+
+A copy takes ``latency + bytes / bandwidth`` once it reaches the head of its engine's
+queue; by default there is one engine each way, as on a GPU with one copy engine per
+direction. Nothing moves: the simulator only needs to know when the copy lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+from simpy.events import Event
+
+from openinfer.errors import require
+from openinfer.runtime import Runtime
+
+GiB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth_gib_s: float
+    latency_s: float = 10e-6
+    engines: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.bandwidth_gib_s > 0, "link.bandwidth_gib_s", self.bandwidth_gib_s, "a number > 0")
+        require(self.latency_s >= 0, "link.latency_s", self.latency_s, "a number >= 0")
+        require(self.engines >= 1, "link.engines", self.engines, "an int >= 1")
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / (self.bandwidth_gib_s * GiB)
+
+
+class Link:
+    """One direction of copies: a FIFO queue in front of ``engines`` copy engines."""
+
+    def __init__(self, rt: Runtime, spec: LinkSpec) -> None:
+        self.rt = rt
+        self.spec = spec
+        self._engines = simpy.Resource(rt.env, capacity=spec.engines)
+        self.bytes_moved = 0
+        self.busy_s = 0.0
+        self.copies = 0
+
+    def copy(self, nbytes: int) -> Event:
+        return self.rt.spawn(self._copy(nbytes))
+
+    def _copy(self, nbytes: int) -> Generator[Event, Any, None]:
+        with self._engines.request() as slot:
+            yield slot
+            dt = self.spec.seconds(nbytes)
+            yield self.rt.sleep(dt)
+        self.bytes_moved += nbytes
+        self.busy_s += dt
+        self.copies += 1
+
+
+class ModeledTransfer:
+    """A TransferEngine whose copies take modelled time on D2H, H2D and peer links."""
+
+    def __init__(self, rt: Runtime, page_bytes: int, d2h: LinkSpec, h2d: LinkSpec,
+                 peer: LinkSpec | None = None, connect_s: float = 0.0) -> None:
+        require(page_bytes > 0, "transfer.page_bytes", page_bytes, "an int > 0")
+        self.rt = rt
+        self.page_bytes = page_bytes
+        self.d2h_link = Link(rt, d2h)
+        self.h2d_link = Link(rt, h2d)
+        self.peer_link = Link(rt, peer or h2d)
+        self.connect_s = connect_s
+        self._connected: set[str] = set()
+
+    def d2h(self, pages: list[int], slots: list[int]) -> Event:
+        return self.d2h_link.copy(len(pages) * self.page_bytes)
+
+    def h2d(self, slots: list[int], pages: list[int]) -> Event:
+        return self.h2d_link.copy(len(pages) * self.page_bytes)
+
+    def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
+        return self.rt.spawn(self._peer_read(peer, len(src_slots) * self.page_bytes))
+
+    def _peer_read(self, peer: str, nbytes: int) -> Generator[Event, Any, None]:
+        if peer not in self._connected:  # first contact pays the connection set-up
+            yield self.rt.sleep(self.connect_s)
+            self._connected.add(peer)
+        yield self.peer_link.copy(nbytes)
