@@ -1,0 +1,94 @@
+"""The Executor side of the Backend protocol: run one step plan, return per-row results.
+
+The scheduler owns every page decision (it schedules and applies each request's KV); an
+executor only computes. That keeps one implementation of KV accounting for the fake
+executor, the SimPy GPU model and the real CUDA Qwen3, which differ only in how long a
+step takes and where its tokens come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from simpy.events import Event
+
+from openinfer.kv.request_kv import RequestKv
+
+
+class StepKind(Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    UNIFIED = "unified"
+
+
+@dataclass
+class PrefillRow:
+    """One prompt chunk: tokens [start, start + len(tokens)) of a request."""
+
+    req_id: int
+    kv: RequestKv
+    start: int
+    tokens: list[int]
+    is_final: bool
+    lora: str | None = None
+    all_logits: bool = False  # echo + logprobs: every position's logits are needed
+
+
+@dataclass
+class DecodeRow:
+    """One decode row: the request's dangling token at ``position``."""
+
+    req_id: int
+    kv: RequestKv
+    token: int
+    position: int
+    lora: str | None = None
+
+
+@dataclass
+class StepPlan:
+    kind: StepKind
+    prefill: list[PrefillRow] = field(default_factory=list)
+    decode: list[DecodeRow] = field(default_factory=list)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.prefill)
+
+    @property
+    def touched(self) -> list[int]:
+        return [r.req_id for r in self.prefill] + [r.req_id for r in self.decode]
+
+
+@dataclass
+class RowResult:
+    token: int | None  # None for a non-final prefill chunk
+    logprob: float | None = None
+    prompt_logprobs: list[float] | None = None
+
+
+@dataclass
+class StepResult:
+    rows: dict[int, RowResult]
+    error: str | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+class Executor(Protocol):
+    vocab_size: int
+    eos_token: int
+
+    def execute(self, plan: StepPlan) -> Event:
+        """Run the step; the event's value is a :class:`StepResult`."""
+        ...
+
+    def load_adapter(self, name: str) -> str | None:
+        """Load a LoRA adapter; an error message, or None on success."""
+        ...
+
+    def unload_adapter(self, name: str) -> str | None: ...
+
+    def adapters(self) -> list[str]: ...

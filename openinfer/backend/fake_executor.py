@@ -1,0 +1,98 @@
+"""A deterministic executor for tests: seeded tokens, step time from the runtime.
+
+Tokens are a pure function of (seed, request id, position), so a run replays exactly and
+two runs that differ only in scheduling produce the same text. ``stop_after`` makes a
+request emit EOS at a chosen completion index, ``fail_steps`` makes chosen steps error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Generator
+from typing import Any
+
+from simpy.events import Event
+
+from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
+from openinfer.runtime import Runtime
+
+StepTime = Callable[[StepPlan], float]
+
+
+def fixed_step_time(prefill_s_per_token: float = 43e-6, decode_s: float = 0.006) -> StepTime:
+    def step_time(plan: StepPlan) -> float:
+        t = plan.prefill_tokens * prefill_s_per_token + (decode_s if plan.decode else 0.0)
+        return t if t > 0 else decode_s
+    return step_time
+
+
+class FakeExecutor:
+    """Computes nothing; answers seeded tokens after a modelled step time."""
+
+    def __init__(self, rt: Runtime, *, vocab_size: int = 151936, eos_token: int = 151645,
+                 step_time: StepTime | None = None, seed: int = 0, max_loras: int = 1) -> None:
+        self.rt = rt
+        self.vocab_size = vocab_size
+        self.eos_token = eos_token
+        self.step_time = step_time or fixed_step_time()
+        self.seed = seed
+        self.max_loras = max_loras
+        self.stop_after: dict[int, int] = {}   # req_id -> completion index that is EOS
+        self.fail_steps: set[int] = set()      # step numbers that raise a step error
+        self.step_failure: Callable[[StepPlan], str | None] | None = None
+        self.steps = 0
+        self._adapters: list[str] = []
+        self.log: list[tuple[float, StepKind, int, int]] = []  # (t, kind, prefill tokens, decode rows)
+
+    def token(self, req_id: int, position: int) -> int:
+        digest = hashlib.blake2b(f"{self.seed}:{req_id}:{position}".encode(), digest_size=8).digest()
+        tok = int.from_bytes(digest, "big") % self.vocab_size
+        return tok if tok != self.eos_token else (tok + 1) % self.vocab_size
+
+    def execute(self, plan: StepPlan) -> Event:
+        return self.rt.spawn(self._execute(plan))
+
+    def _execute(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
+        started = self.rt.now()
+        self.steps += 1
+        step = self.steps
+        yield self.rt.sleep(self.step_time(plan))
+        self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
+        error = "injected step failure" if step in self.fail_steps else None
+        if error is None and self.step_failure is not None:
+            error = self.step_failure(plan)
+        if error is not None:
+            return StepResult({}, error=error, started_at=started, finished_at=self.rt.now())
+        rows: dict[int, RowResult] = {}
+        for p in plan.prefill:
+            if p.is_final:
+                rows[p.req_id] = RowResult(self._next(p.req_id, p.kv.num_prompt, 0), logprob=-1.0)
+            else:
+                rows[p.req_id] = RowResult(None)
+        for d in plan.decode:
+            completion = d.position + 1 - d.kv.num_prompt
+            rows[d.req_id] = RowResult(self._next(d.req_id, d.position + 1, completion), logprob=-1.0)
+        return StepResult(rows, started_at=started, finished_at=self.rt.now())
+
+    def _next(self, req_id: int, position: int, completion: int) -> int:
+        if self.stop_after.get(req_id) == completion:
+            return self.eos_token
+        return self.token(req_id, position)
+
+    # -- LoRA -------------------------------------------------------------------------
+    def load_adapter(self, name: str) -> str | None:
+        if name in self._adapters:
+            return f"adapter {name!r} is already loaded"
+        if len(self._adapters) >= self.max_loras:
+            return f"max_loras={self.max_loras} adapters already loaded"
+        self._adapters.append(name)
+        return None
+
+    def unload_adapter(self, name: str) -> str | None:
+        if name not in self._adapters:
+            return f"adapter {name!r} is not loaded"
+        self._adapters.remove(name)
+        return None
+
+    def adapters(self) -> list[str]:
+        return list(self._adapters)

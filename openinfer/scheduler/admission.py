@@ -1,0 +1,113 @@
+"""Admission: which deferred requests start prefilling this tick (spec §5.4).
+
+FCFS with skipping against a lifetime page budget: a request is admitted when its
+lifetime pages, less the pages its own prefix hold already pins, fit what is available
+after the future draws of every admitted request. Two switches live here:
+``shed_holds_on_defer`` (the F1 fix: a budget-deferred request sheds the holds of queued
+requests behind it, rear-most first) and ``subtract_pinned`` (F5: charge save-pinned
+pages a second time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from openinfer.kv.pool import BlockPool
+from openinfer.kv.request_kv import ceil_div
+from openinfer.scheduler.config import SchedulerConfig
+from openinfer.scheduler.records import ActiveRequest, PendingRequest
+
+
+class RejectReason(Enum):
+    CONTEXT_LENGTH = "context_length"
+    ECHO_PREFILL_TOKENS = "echo_prefill_tokens"
+    KV_BUDGET = "kv_budget"
+
+
+def lifetime_blocks(prompt: int, max_tokens: int, block_size: int) -> int:
+    """Pages a request may draw over its life: kvbm's peak, ceil((p + m) / bs) (#335)."""
+    return max(1, ceil_div(prompt if max_tokens <= 1 else prompt + max_tokens, block_size))
+
+
+def credit(p: PendingRequest, block_size: int) -> int:
+    return p.kv_prefix.credit_blocks(block_size)
+
+
+@dataclass
+class AdmissionResult:
+    admitted: list[PendingRequest] = field(default_factory=list)
+    deferred: list[PendingRequest] = field(default_factory=list)
+    rejected: list[tuple[PendingRequest, RejectReason, str]] = field(default_factory=list)
+    shed: list[PendingRequest] = field(default_factory=list)
+    budget_deferred: list[PendingRequest] = field(default_factory=list)
+
+
+def future_draws(active: Sequence[ActiveRequest], prefilling: Sequence[PendingRequest],
+                 block_size: int) -> int:
+    """Pages admitted requests will still draw (conservative by ≤1 page per request)."""
+    total = 0
+    for a in active:
+        current = a.prompt_len + a.generated - 1
+        total += lifetime_blocks(a.prompt_len, a.req.max_tokens, block_size) - ceil_div(current, block_size)
+    for p in prefilling:
+        total += (lifetime_blocks(p.prompt_len, p.req.max_tokens, block_size)
+                  - ceil_div(p.prefill_pos, block_size) - credit(p, block_size))
+    return total
+
+
+def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
+          prefilling: Sequence[PendingRequest], pool: BlockPool, pinned: int,
+          cfg: SchedulerConfig, on_shed: Callable[[PendingRequest], None] | None = None) -> AdmissionResult:
+    bs = pool.block_size
+    sw = cfg.switches
+
+    def budget_now() -> int:
+        base = pool.available_blocks() - (pinned if sw.subtract_pinned else 0)
+        return base - future_draws(active, prefilling, bs)
+
+    budget = budget_now()
+    slots = cfg.max_decode_batch - len(active) - len(prefilling)
+    out = AdmissionResult()
+    queue = list(deferred)
+    for i, p in enumerate(queue):
+        n = p.prompt_len
+        m = p.req.max_tokens
+        life = lifetime_blocks(n, m, bs)
+        if n + m > cfg.max_context_tokens:
+            out.rejected.append((p, RejectReason.CONTEXT_LENGTH,
+                                 f"prompt ({n}) + max_tokens ({m}) exceeds max_context_tokens "
+                                 f"({cfg.max_context_tokens})"))
+            continue
+        if p.req.echo and n > cfg.max_prefill_tokens:
+            out.rejected.append((p, RejectReason.ECHO_PREFILL_TOKENS,
+                                 f"echo prompt ({n}) exceeds max_prefill_tokens ({cfg.max_prefill_tokens})"))
+            continue
+        if life > pool.max_request_blocks():
+            out.rejected.append((p, RejectReason.KV_BUDGET,
+                                 f"needs {life} KV pages, the pool can never hold more than "
+                                 f"{pool.max_request_blocks()}"))
+            continue
+        fresh = life - credit(p, bs)
+        if slots > 0 and fresh > budget and sw.shed_holds_on_defer:
+            for rear in reversed(queue[i + 1:]):
+                if fresh <= budget:
+                    break
+                if rear.kv_prefix.hit_tokens and not rear.kv_prefix.released:
+                    rear.drop_hold()
+                    out.shed.append(rear)
+                    if on_shed is not None:
+                        on_shed(rear)
+                    budget = budget_now() - sum(
+                        lifetime_blocks(a.prompt_len, a.req.max_tokens, bs) - credit(a, bs)
+                        for a in out.admitted)
+        if fresh <= budget and slots > 0:
+            out.admitted.append(p)
+            budget -= fresh
+            slots -= 1
+        else:
+            out.deferred.append(p)
+            if slots > 0:
+                out.budget_deferred.append(p)
+    return out

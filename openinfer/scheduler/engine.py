@@ -1,0 +1,398 @@
+"""The Qwen3 scheduler loop over the KvStore (spec §5, the PR's version, with switches).
+
+One process per engine. Each pass: publish load, take intake, collect settled resolves,
+apply control commands when idle, reject unknown adapters, admit, cut prefill chunks,
+plan, run the step, apply its effects. Both submit variants (plain, LoRA-control) are
+this one loop; the difference is whether control commands exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from simpy.events import Event
+
+from openinfer.backend.executor import Executor, StepKind, StepPlan, StepResult
+from openinfer.errors import ConfigError
+from openinfer.kv.hashing import block_hashes, salt_hash
+from openinfer.kv.prefix import ResolvePolicy
+from openinfer.kv.saves import SaveClass
+from openinfer.kv.store import KvStore
+from openinfer.scheduler.admission import admit
+from openinfer.scheduler.chunking import take_prefill_chunks
+from openinfer.scheduler.config import Role, SchedulerConfig
+from openinfer.scheduler.control import (ControlCommand, ControlOp, ControlResponse, PendingControl,
+                                         malformed)
+from openinfer.scheduler.records import ActiveRequest, PendingRequest
+from openinfer.scheduler.request import (EventKind, FinishReason, GenerateRequest, RequestEvent,
+                                         RequestHandle, TokenSink)
+from openinfer.scheduler.resolve_hub import ResolveHub
+from openinfer.scheduler.step_builder import build_step, choose_kind, revert_step
+
+Observer = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class LoadSnapshot:
+    """What a router sees: pages used, requests running, requests waiting (resolves too)."""
+
+    used_blocks: int
+    total_blocks: int
+    running: int
+    waiting: int
+    resolving: int
+
+
+class Engine:
+    """One serving instance: scheduler loop + its rank of the KvStore + an executor."""
+
+    def __init__(self, rt: Any, store: KvStore, executor: Executor, config: SchedulerConfig | None = None,
+                 *, rank: int = 0, name: str = "engine") -> None:
+        self.rt = rt
+        self.store = store
+        self.executor = executor
+        self.cfg = config or SchedulerConfig()
+        self.rank = rank
+        self.name = name
+        self.pool = store.pool(rank)
+        policy = ResolvePolicy(wait_for_full_hit=self.cfg.role is Role.DECODE and self.cfg.decode_full_hit)
+        self.hub = ResolveHub(rt, store, rank, policy)
+        self.deferred: list[PendingRequest] = []
+        self.prefilling: list[PendingRequest] = []
+        self.active: list[ActiveRequest] = []
+        self.pending_control: list[PendingControl] = []
+        self.post_control_deferred: list[PendingRequest] = []
+        self.observers: list[Observer] = []
+        self.ticks = 0
+        self.steps = 0
+        self.closed = False
+        self._intake: list[PendingRequest | PendingControl] = []
+        self._wake: Event | None = None
+        self._next_id = 1
+        self._control_seq = 0
+        self.process = rt.spawn(self._loop())
+
+    # -- client API -------------------------------------------------------------------
+    def submit(self, req: GenerateRequest, on_event: Callable[[RequestEvent], None] | None = None
+               ) -> RequestHandle:
+        """Queue a request; its events arrive on the returned handle's stream."""
+        rid = self._next_id
+        self._next_id += 1
+        sink = TokenSink(rid, self.rt, on_event)
+        now = self.rt.now()
+        self._push(PendingRequest(rid, req, sink, now, hashes=[]))
+        return RequestHandle(rid, sink, req, submitted_at=now)
+
+    def control(self, command: ControlCommand) -> Event:
+        """Queue a LoRA control command; the event's value is its ControlResponse."""
+        self._control_seq += 1
+        pc = PendingControl(self._control_seq, command, self.rt.event(), self.rt.now())
+        self._push(pc)
+        return pc.response
+
+    def shutdown(self) -> None:
+        self.closed = True
+        self._notify()
+
+    def snapshot(self) -> LoadSnapshot:
+        return LoadSnapshot(self.pool.total_blocks() - self.pool.available_blocks(), self.pool.total_blocks(),
+                            len(self.active) + len(self.prefilling),
+                            len(self.deferred) + len(self.post_control_deferred) + self.hub.in_flight()
+                            + sum(isinstance(x, PendingRequest) for x in self._intake),
+                            self.hub.in_flight())
+
+    def has_work(self) -> bool:
+        return bool(self.active or self.prefilling or self.deferred or self.post_control_deferred
+                    or self.hub.in_flight() or self._intake or self.pending_control)
+
+    def _push(self, item: PendingRequest | PendingControl) -> None:
+        self._intake.append(item)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        for obs in self.observers:
+            obs(kind, data)
+
+    # -- the loop ---------------------------------------------------------------------
+    def _loop(self) -> Generator[Event, Any, None]:
+        while True:
+            self.ticks += 1
+            self._emit("tick", tick=self.ticks)
+            self._take_intake()
+            self.deferred.extend(self.hub.drain())
+            if not (self.active or self.deferred or self.prefilling):
+                if self.pending_control and self._idle_for_control():
+                    self._apply_controls()
+                    continue
+                if self.closed and not self.hub.in_flight() and not self._intake:
+                    return
+                yield from self._park()
+                continue
+            self._reject_unknown_adapters()
+            self._admit()
+            chunks = take_prefill_chunks(self.prefilling, self.cfg.max_prefill_tokens,
+                                         self.cfg.request_local_chunks)
+            kind = choose_kind(chunks, self.active)
+            if kind is None:
+                yield self.rt.sleep(self.cfg.idle_tick_s)  # the Rust loop spins here
+                continue
+            yield from self._run_step(kind, chunks)
+
+    def _park(self) -> Generator[Event, Any, None]:
+        if self.hub.in_flight():
+            yield self.rt.sleep(self.cfg.resolve_poll_interval_s)  # PR: poll both channels
+            return
+        self._wake = self.rt.event()
+        if self._intake:
+            return
+        yield self._wake
+
+    # -- intake -----------------------------------------------------------------------
+    def _take_intake(self) -> None:
+        items, self._intake = self._intake, []
+        for item in items:
+            if isinstance(item, PendingControl):
+                self._accept_control(item)
+            else:
+                self._accept(item)
+
+    def _accept(self, p: PendingRequest) -> None:
+        problem = self._validate(p.req)
+        if problem is not None:
+            self._reject(p, problem)
+            return
+        p.hashes = block_hashes(p.req.prompt, self.pool.block_size, salt_hash(p.req.cache_salt, p.req.lora))
+        p.adapter_loaded_at_arrival = p.req.lora is None or p.req.lora in self.executor.adapters()
+        self._emit("accepted", req=p)
+        if self.pending_control:
+            self.post_control_deferred.append(p)  # behind the control in arrival order
+            return
+        self._route(p)
+
+    def _route(self, p: PendingRequest) -> None:
+        if self.cfg.prefix_cache and not p.req.echo:
+            self.hub.route(p)
+        else:
+            self.deferred.append(p)
+
+    def _validate(self, req: GenerateRequest) -> str | None:
+        if not req.prompt:
+            return str(ConfigError("prompt", req.prompt, "a non-empty list of token ids"))
+        if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
+            return str(ConfigError("max_tokens", req.max_tokens, "an int >= 1"))
+        vocab = self.executor.vocab_size
+        for i, t in enumerate(req.prompt):
+            if type(t) is not int or not 0 <= t < vocab:
+                return str(ConfigError(f"prompt[{i}]", t, f"a token id in [0, {vocab})"))
+        return req.params.problems()
+
+    # -- control ----------------------------------------------------------------------
+    def _accept_control(self, pc: PendingControl) -> None:
+        problem = malformed(pc.command)
+        if problem is not None:
+            pc.response.succeed(ControlResponse(False, problem, applied_at=self.rt.now()))
+            return
+        self.pending_control.append(pc)
+
+    def _idle_for_control(self) -> bool:
+        if self.cfg.switches.idle_requires_no_resolves and self.hub.in_flight():
+            return False
+        return not (self.active or self.deferred or self.prefilling)
+
+    def _apply_controls(self) -> None:
+        for pc in self.pending_control:
+            resp = self._apply_control(pc.command)
+            resp.applied_at = self.rt.now()
+            self._emit("control_applied", control=pc, response=resp)
+            pc.response.succeed(resp)
+        self.pending_control = []
+        released, self.post_control_deferred = self.post_control_deferred, []
+        for p in released:
+            p.adapter_loaded_at_arrival = p.req.lora is None or p.req.lora in self.executor.adapters()
+            self._route(p)
+
+    def _apply_control(self, cmd: ControlCommand) -> ControlResponse:
+        op = cmd.op.value if isinstance(cmd.op, ControlOp) else cmd.op
+        if op == "list":
+            return ControlResponse(True, adapters=self.executor.adapters())
+        assert cmd.adapter is not None
+        if op == "load":
+            if cmd.load_inplace and cmd.adapter in self.executor.adapters():
+                return ControlResponse(True, adapters=self.executor.adapters())
+            err = self.executor.load_adapter(cmd.adapter)
+        else:
+            err = self.executor.unload_adapter(cmd.adapter)
+        return ControlResponse(err is None, err, adapters=self.executor.adapters())
+
+    def _reject_unknown_adapters(self) -> None:
+        loaded = set(self.executor.adapters())
+        keep = []
+        for p in self.deferred:
+            if p.req.lora is not None and p.req.lora not in loaded:
+                self._reject(p, f"LoRA adapter is not loaded: {p.req.lora}")
+            else:
+                keep.append(p)
+        self.deferred = keep
+
+    # -- admission --------------------------------------------------------------------
+    def _admit(self) -> None:
+        if not self.deferred:
+            return
+        res = admit(self.deferred, self.active, self.prefilling, self.pool,
+                    self.store.pinned_blocks(self.rank), self.cfg)
+        for p, _reason, message in res.rejected:
+            self._reject(p, message)
+        self.prefilling.extend(res.admitted)
+        self.deferred = res.deferred
+        self._emit("admission", result=res)
+
+    # -- steps ------------------------------------------------------------------------
+    def _run_step(self, kind: StepKind, chunks: list[PendingRequest]) -> Generator[Event, Any, None]:
+        plan, ok = build_step(kind, chunks, self.active, self.pool, self.cfg.prefix_cache)
+        self.steps += 1
+        if not ok:
+            self._fail_step(plan, chunks, "KV allocation failed while scheduling the step")
+            return
+        self._emit("step_start", plan=plan)
+        result: StepResult = yield self.executor.execute(plan)
+        if result.error is not None:
+            revert_step(plan)
+            self._fail_step(plan, chunks, result.error)
+            return
+        self._apply(plan, chunks, result)
+        self._emit("step_end", plan=plan, result=result)
+
+    def _fail_step(self, plan: StepPlan, chunks: list[PendingRequest], error: str) -> None:
+        """§5.8: every target of the step gets Error and is dropped; active is cleared."""
+        targets_prefill = chunks
+        targets_active = list(self.active) if plan.kind is not StepKind.PREFILL else []
+        for p in targets_prefill:
+            self.prefilling.remove(p)
+            self._terminal(p.sink, EventKind.ERROR, p.queued_at, message=error)
+            self._drop_pending(p)
+        for a in targets_active:
+            self._terminal(a.sink, EventKind.ERROR, a.queued_at, message=error,
+                           completion=a.generated)
+            self._drop_active(a)
+        self.active.clear()
+
+    def _apply(self, plan: StepPlan, chunks: list[PendingRequest], result: StepResult) -> None:
+        finishes: list[tuple[TokenSink, RequestEvent]] = []
+        eos = self.executor.eos_token
+        by_id = {p.id: p for p in chunks}
+        promoted: list[ActiveRequest] = []
+        for row in plan.prefill:
+            p = by_id[row.req_id]
+            first = not p.scheduled_sent
+            tok = result.rows[row.req_id].token if row.is_final else None
+            p.kv.apply_prefill(tok)
+            p.prefill_pos = p.kv.prefill_position
+            self.store.seal(self.rank, p.kv, p.cursor, SaveClass.CACHEABLE)
+            if first:
+                p.scheduled_sent = True
+                p.sink.send(RequestEvent(EventKind.SCHEDULED, p.id, self.rt.now(), cached_tokens=p.cached_tokens,
+                                         queued_at=p.queued_at))
+                p.drop_hold()
+            if not row.is_final:
+                if p.sink.is_closed():
+                    self.prefilling.remove(p)
+                    self._drop_pending(p)
+                continue
+            self.prefilling.remove(p)
+            assert tok is not None
+            if p.req.echo:
+                p.sink.send(RequestEvent(EventKind.PROMPT_TOKENS, p.id, self.rt.now()))
+            if tok == eos and not p.req.params.ignore_eos:
+                finishes.append((p.sink, self._finished(p.id, FinishReason.STOP, 0, p.queued_at)))
+                self._drop_pending(p)
+            elif p.req.max_tokens <= 1:
+                p.sink.send(RequestEvent(EventKind.TOKEN, p.id, self.rt.now(), token=tok))
+                finishes.append((p.sink, self._finished(p.id, FinishReason.LENGTH, 1, p.queued_at)))
+                self._drop_pending(p)
+            elif not p.sink.send(RequestEvent(EventKind.TOKEN, p.id, self.rt.now(), token=tok)):
+                self._drop_pending(p)  # client gone: no terminal event
+            else:
+                assert p.kv is not None
+                promoted.append(ActiveRequest(p.id, p.req, p.sink, p.kv, p.cursor, tok, 1, p.queued_at))
+        keep: list[ActiveRequest] = []
+        active_by_id = {a.id: a for a in self.active}
+        for row in plan.decode:
+            a = active_by_id[row.req_id]
+            tok = result.rows[row.req_id].token
+            assert tok is not None
+            a.kv.apply_decode(tok)
+            self.store.seal(self.rank, a.kv, a.cursor, SaveClass.CACHEABLE)
+            completion = a.generated + 1
+            if tok == eos and not a.req.params.ignore_eos:
+                finishes.append((a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at)))
+                self._drop_active(a)
+            elif completion >= a.req.max_tokens:
+                a.sink.send(RequestEvent(EventKind.TOKEN, a.id, self.rt.now(), token=tok))
+                finishes.append((a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at)))
+                self._drop_active(a)
+            elif not a.sink.send(RequestEvent(EventKind.TOKEN, a.id, self.rt.now(), token=tok)):
+                self._drop_active(a)
+            else:
+                a.generated = completion
+                a.last_token = tok
+                keep.append(a)
+        if plan.decode:
+            self.active = keep
+        self.active.extend(promoted)
+        if finishes:
+            self._release_finished(finishes)
+
+    def _finished(self, rid: int, reason: FinishReason, completion: int, queued_at: float) -> RequestEvent:
+        return RequestEvent(EventKind.FINISHED, rid, self.rt.now(), reason=reason,
+                            completion_tokens=completion, queued_at=queued_at)
+
+    def _release_finished(self, finishes: list[tuple[TokenSink, RequestEvent]]) -> None:
+        """Default: send now. Prefill role: only once the flush barrier says KV is visible."""
+        if not self.cfg.flush_on_finish:
+            for sink, ev in finishes:
+                self._send_terminal(sink, ev)
+            return
+
+        def release(outcome: Any) -> None:
+            for sink, ev in finishes:
+                ev.time = self.rt.now()
+                self._send_terminal(sink, ev)
+            self._emit("finished_released", finishes=finishes, outcome=outcome)
+        self._emit("barrier_started", finishes=finishes)
+        self.store.flush_saves_then(self.rank, release)
+
+    # -- leaving ----------------------------------------------------------------------
+    def _terminal(self, sink: TokenSink, kind: EventKind, queued_at: float, message: str | None = None,
+                  completion: int = 0) -> None:
+        self._send_terminal(sink, RequestEvent(kind, sink.req_id, self.rt.now(), message=message,
+                                               completion_tokens=completion, queued_at=queued_at))
+
+    def _send_terminal(self, sink: TokenSink, ev: RequestEvent) -> None:
+        if sink.send(ev):
+            self._emit("terminal", event=ev)
+
+    def _reject(self, p: PendingRequest, message: str) -> None:
+        p.drop_hold()
+        self._terminal(p.sink, EventKind.REJECTED, p.queued_at, message=message)
+
+    def _retire_class(self) -> SaveClass:
+        return SaveClass.HANDOFF if self.cfg.flush_on_finish else SaveClass.CACHEABLE
+
+    def _drop_pending(self, p: PendingRequest) -> None:
+        p.drop_hold()
+        if p.kv is not None:
+            if not self.cfg.prefix_cache:
+                p.kv.mark_reset_on_release()
+            self.store.retire(self.rank, p.kv, p.cursor, self._retire_class())
+            p.kv = None
+
+    def _drop_active(self, a: ActiveRequest) -> None:
+        if not self.cfg.prefix_cache:
+            a.kv.mark_reset_on_release()
+        self.store.retire(self.rank, a.kv, a.cursor, self._retire_class())

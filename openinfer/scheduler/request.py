@@ -1,0 +1,154 @@
+"""What a user submits and what comes back: requests, sampling parameters, the event
+stream of one request, and the sink/handle pair that carries it.
+
+Per request the stream is Scheduled → PromptTokens? → Token* → exactly one of
+Finished / Error / Rejected (Rejected comes without Scheduled, as in qwen3). A request
+whose client has gone away gets no terminal event: nobody is left to read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from simpy.events import Event
+
+from openinfer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0          # 0 = off
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def problems(self) -> str | None:
+        """The first out-of-range field, as a message naming it."""
+        if not (0.0 <= self.temperature <= 100.0):
+            return str(ConfigError("temperature", self.temperature, "a number in [0, 100]"))
+        if self.top_k < 0:
+            return str(ConfigError("top_k", self.top_k, "an int >= 0 (0 = off)"))
+        if not (0.0 < self.top_p <= 1.0):
+            return str(ConfigError("top_p", self.top_p, "a number in (0, 1]"))
+        return None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams = SamplingParams()
+    lora: str | None = None
+    echo: bool = False
+    logprobs: bool = False
+    cache_salt: str | None = None
+
+
+class EventKind(Enum):
+    SCHEDULED = "scheduled"
+    PROMPT_TOKENS = "prompt_tokens"
+    TOKEN = "token"
+    FINISHED = "finished"
+    ERROR = "error"
+    REJECTED = "rejected"
+
+
+TERMINAL = (EventKind.FINISHED, EventKind.ERROR, EventKind.REJECTED)
+
+
+class FinishReason(Enum):
+    LENGTH = "length"
+    STOP = "stop"
+
+
+@dataclass
+class RequestEvent:
+    kind: EventKind
+    req_id: int
+    time: float
+    token: int | None = None
+    reason: FinishReason | None = None
+    message: str | None = None
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    queued_at: float = 0.0
+
+
+class AbortState(Enum):
+    NONE = "none"
+    CANCELLED = "cancelled"
+    DISCONNECTED = "disconnected"
+
+
+class TokenSink:
+    """The engine's end of a request's stream; also the resolve's cancel probe."""
+
+    def __init__(self, req_id: int, rt: Any, on_event: Callable[[RequestEvent], None] | None = None) -> None:
+        self.req_id = req_id
+        self.rt = rt
+        self.abort = AbortState.NONE
+        self.events: list[RequestEvent] = []
+        self.on_event = on_event
+        self.terminal: Event = rt.event()
+        self._waiters: list[Event] = []
+
+    def is_closed(self) -> bool:
+        return self.abort is not AbortState.NONE
+
+    def is_cancelled(self) -> bool:  # CancelProbe
+        return self.is_closed()
+
+    def send(self, event: RequestEvent) -> bool:
+        """Deliver an event; False once the client has gone (the engine drops the request)."""
+        if self.is_closed():
+            return False
+        self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            w.succeed(event)
+        if event.kind in TERMINAL and not self.terminal.triggered:
+            self.terminal.succeed(event)
+        return True
+
+    def next_event(self) -> Event:
+        ev = self.rt.event()
+        self._waiters.append(ev)
+        return ev
+
+
+@dataclass
+class RequestHandle:
+    """The client's end: read the stream, cancel the request."""
+
+    req_id: int
+    sink: TokenSink
+    request: GenerateRequest
+    submitted_at: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def events(self) -> list[RequestEvent]:
+        return self.sink.events
+
+    @property
+    def done(self) -> Event:
+        """Fires with the terminal event (never fires if the request was cancelled)."""
+        return self.sink.terminal
+
+    def next_event(self) -> Event:
+        return self.sink.next_event()
+
+    def cancel(self) -> None:
+        self.sink.abort = AbortState.CANCELLED
+
+    def tokens(self) -> list[int]:
+        return [e.token for e in self.sink.events if e.kind is EventKind.TOKEN and e.token is not None]
+
+    def terminal_event(self) -> RequestEvent | None:
+        return next((e for e in self.sink.events if e.kind in TERMINAL), None)

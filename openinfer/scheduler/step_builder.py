@@ -1,0 +1,67 @@
+"""Turn the scheduler's choice into a StepPlan with its pages drawn (schedule phase),
+and undo that if the step cannot run.
+
+First chunks create the request's KV and adopt its cached prefix here (the hold is
+still alive, so the blocks cannot have been evicted); the executor's real chunk starts at
+the KV position, so prefix hits and chunking compose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from openinfer.backend.executor import DecodeRow, PrefillRow, StepKind, StepPlan
+from openinfer.kv.hashing import salt_hash
+from openinfer.kv.pool import BlockPool
+from openinfer.kv.request_kv import KvState, RequestKv
+from openinfer.scheduler.records import ActiveRequest, PendingRequest
+
+
+def choose_kind(chunks: Sequence[PendingRequest], active: Sequence[ActiveRequest]) -> StepKind | None:
+    """Unified when prompts and decodes can share a step; Prefill when forced or alone."""
+    needs_all_logits = any(p.req.echo and p.req.logprobs for p in chunks)
+    if chunks and active and not needs_all_logits:
+        return StepKind.UNIFIED
+    if chunks:
+        return StepKind.PREFILL
+    if active:
+        return StepKind.DECODE
+    return None
+
+
+def build_step(kind: StepKind, chunks: Sequence[PendingRequest], active: Sequence[ActiveRequest],
+               pool: BlockPool, prefix_cache: bool) -> tuple[StepPlan, bool]:
+    """Schedule every row's KV; (plan, ok). On failure the plan's draws are already undone."""
+    plan = StepPlan(kind)
+    ok = True
+    for p in chunks:
+        if p.kv is None:
+            p.kv = RequestKv(pool, p.req.prompt, p.req.max_tokens,
+                             salt_hash(p.req.cache_salt, p.req.lora), prompt_hashes=p.hashes)
+            if prefix_cache and not p.req.echo:
+                p.cached_tokens = p.kv.match_and_add_prefix()
+            p.prefill_pos = p.kv.prefill_position
+        kv = p.kv
+        start = kv.prefill_position
+        n = min(p.step_chunk, p.prompt_len - start)
+        if not kv.schedule_prefill(n):
+            ok = False
+            break
+        plan.prefill.append(PrefillRow(p.id, kv, start, p.req.prompt[start:start + n],
+                                       is_final=start + n == p.prompt_len, lora=p.req.lora,
+                                       all_logits=p.req.echo and p.req.logprobs))
+    if ok and kind is not StepKind.PREFILL:
+        for a in active:
+            if not a.kv.schedule_decode():
+                ok = False
+                break
+            plan.decode.append(DecodeRow(a.id, a.kv, a.last_token, a.kv.kv_position, a.req.lora))
+    if not ok:
+        revert_step(plan)
+    return plan, ok
+
+
+def revert_step(plan: StepPlan) -> None:
+    for row in (*plan.prefill, *plan.decode):
+        if row.kv.state in (KvState.PREFILL_SCHEDULED, KvState.DECODE_SCHEDULED):
+            row.kv.revert_schedule()
