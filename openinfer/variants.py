@@ -1,8 +1,9 @@
-"""Variants: which of the PR's behaviours a run has, as named switches of one code base.
+"""Variants: which known bugs a run has, as named switches of one code base.
 
-``pr829`` is the pull request as reviewed (all five findings, on the skeleton store);
-``fixed`` applies every fix. Each finding can also be switched on alone on top of
-``fixed`` (``fixed+F2``), which is how the canaries prove each one is still caught.
+``pr829`` is the pull request as reviewed: the five findings F1–F5, on the skeleton
+kv-store it was built on (H1, H4, G7, HC), with H9. ``fixed`` has none.
+Any bug can be planted alone on top of ``fixed`` (``fixed+F2``, ``fixed+H16``), which is
+how the canaries prove that each bug family is still caught.
 """
 
 from __future__ import annotations
@@ -13,59 +14,84 @@ from openinfer.errors import ConfigError
 from openinfer.kv.config import StoreConfig
 from openinfer.scheduler.config import SchedulerSwitches
 
-FINDINGS = {
+BUGS: dict[str, str] = {
     "F1": "pinned-hold starvation: holds of deferred requests are never shed",
     "F2": "flush-chain gap: barriers are not chained",
     "F3": "flush without timeout: a stalled barrier withholds Finished forever",
     "F4": "control overtakes a resolving generate: idle ignores resolves in flight",
     "F5": "double-charged pinned pages: admission subtracts pinned_blocks again",
+    "H1": "no entitlement floor: a restore reservation takes an admitted request's next page",
+    "H4": "untracked restores: teardown cannot drain a DMA still writing the arena",
+    "H9": "KV-ready advertised after a failed save or dropped registration, unmarked",
+    "H13": "load snapshot ignores resolves in flight: a resolving rank looks idle",
+    "H16": "a rejected request keeps its prefix hold: pinned pages leak",
+    "G7": "unguarded query: a lease answered after the deadline is never released",
+    "G9": "cancellation does not reach inside the resolve: it keeps waiting and drawing pages",
+    "C1": "batched controls: every pending control applies before generates that arrived between them",
+    "S1": "a failed prefill-only step clears active: decoding requests vanish without an answer",
+    "P1": "a resolve probe pins inactive blocks past the entitlement floor of admitted requests",
+    "D1": "a restore that lost a registration race holds a private duplicate the first chunk never matches",
+    "HC": "hold/credit off-by-one: an aligned, fully cached prompt's hold pins one block it is not credited",
 }
+
+PR829_BUGS = frozenset({"F1", "F2", "F3", "F4", "F5", "H1", "H4", "H9", "G7", "HC", "C1", "S1", "P1", "D1"})
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    f1_no_shedding: bool = False
-    f2_unchained_flush: bool = False
-    f3_unbounded_flush: bool = False
-    f4_idle_ignores_resolves: bool = False
-    f5_double_charge: bool = False
-    skeleton_store: bool = False   # the #825 store: no guarded query, no truncation, untracked loads
+    bugs: frozenset[str] = frozenset()
     flush_deadline_s: float = 5.0
 
+    def has(self, bug: str) -> bool:
+        return bug in self.bugs
+
+    @property
+    def pool_entitlement(self) -> bool:
+        """The in-pool entitlement floor (HEAD kv-store); the skeleton has none (H1)."""
+        return not self.has("H1")
+
     def store_config(self, **overrides: object) -> StoreConfig:
-        base = StoreConfig.pr829() if self.skeleton_store else StoreConfig()
-        base = replace(base, chain_flushes=not self.f2_unchained_flush,
-                       flush_deadline_s=None if self.f3_unbounded_flush else self.flush_deadline_s)
+        base = StoreConfig(
+            chain_flushes=not self.has("F2"),
+            flush_deadline_s=None if self.has("F3") else self.flush_deadline_s,
+            release_late_leases=not self.has("G7"),
+            truncate_holds=not self.has("HC"),
+            track_loads=not self.has("H4"),
+            observe_cancel=not self.has("G9"),
+            probe_respects_floor=not self.has("P1"),
+            commit_dedupes=not self.has("D1"),
+        )
         return replace(base, **overrides)  # type: ignore[arg-type]
 
     def scheduler_switches(self) -> SchedulerSwitches:
-        return SchedulerSwitches(shed_holds_on_defer=not self.f1_no_shedding,
-                                 idle_requires_no_resolves=not self.f4_idle_ignores_resolves,
-                                 subtract_pinned=self.f5_double_charge)
+        return SchedulerSwitches(shed_holds_on_defer=not self.has("F1"),
+                                 idle_requires_no_resolves=not self.has("F4"),
+                                 subtract_pinned=self.has("F5"),
+                                 mark_degraded_kv_ready=not self.has("H9"),
+                                 snapshot_counts_resolves=not self.has("H13"),
+                                 reject_drops_hold=not self.has("H16"),
+                                 controls_in_arrival_order=not self.has("C1"),
+                                 failed_prefill_keeps_decodes=not self.has("S1"))
 
-    def with_finding(self, finding: str) -> Variant:
-        field_name = _FINDING_FIELDS.get(finding)
-        if field_name is None:
-            raise ConfigError("finding", finding, f"one of {', '.join(FINDINGS)}")
-        return replace(self, name=f"{self.name}+{finding}", **{field_name: True})
+    def with_bug(self, bug: str) -> Variant:
+        if bug not in BUGS:
+            raise ConfigError("bug", bug, f"one of {', '.join(BUGS)}")
+        return replace(self, name=f"{self.name}+{bug}", bugs=self.bugs | {bug})
 
-
-_FINDING_FIELDS = {"F1": "f1_no_shedding", "F2": "f2_unchained_flush", "F3": "f3_unbounded_flush",
-                   "F4": "f4_idle_ignores_resolves", "F5": "f5_double_charge"}
 
 VARIANTS = {
     "fixed": Variant("fixed"),
-    "pr829": Variant("pr829", True, True, True, True, True, skeleton_store=True),
+    "pr829": Variant("pr829", PR829_BUGS),
 }
 
 
 def variant(name: str) -> Variant:
-    """``fixed``, ``pr829``, or ``fixed+F1`` style (one or more findings on top of fixed)."""
+    """``fixed``, ``pr829``, or ``fixed+F1[+H16...]`` (bugs planted on top of a base)."""
     base, *extra = name.split("+")
     if base not in VARIANTS:
-        raise ConfigError("variant", name, "fixed, pr829, or fixed+F<n>[+F<m>...]")
+        raise ConfigError("variant", name, f"fixed, pr829, or fixed+<bug>[+<bug>...] with bugs {', '.join(BUGS)}")
     v = VARIANTS[base]
-    for finding in extra:
-        v = v.with_finding(finding)
+    for bug in extra:
+        v = v.with_bug(bug)
     return v

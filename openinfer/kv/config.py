@@ -26,6 +26,14 @@ class StoreConfig:
     truncate_holds: bool = True
     # Restores are tracked so flush_loads can drain them before arenas are freed.
     track_loads: bool = True
+    # Cancellation is observed before every tier operation and pool draw of a resolve.
+    observe_cancel: bool = True
+    # P1 (found by the hunter): a probe pins an inactive block only while that leaves the
+    # entitlement floor of admitted requests intact (pinning one makes it unavailable).
+    probe_respects_floor: bool = True
+    # D1 (found by the hunter): a restore committed under a hash that another request
+    # registered meanwhile holds that primary, not a private duplicate.
+    commit_dedupes: bool = True
 
     def __post_init__(self) -> None:
         require(self.requery_interval_s > 0, "store.requery_interval_s", self.requery_interval_s,

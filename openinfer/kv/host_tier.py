@@ -49,6 +49,7 @@ class HostTier:
         self.counters: dict[str, int] = dict(
             queries=0, hits=0, hit_blocks=0, misses=0, inserts=0, evictions=0,
             saves=0, saves_failed=0, loads=0, loads_failed=0, leases_expired=0)
+        self.loads_in_flight = 0  # H2D copies still writing GPU pages (teardown must drain them)
 
     # -- contents ---------------------------------------------------------------------
     def resident_prefix(self, hashes: list[BlockHash]) -> int:
@@ -125,11 +126,13 @@ class HostTier:
 
     def _load(self, lease: Lease, dst_pages: list[int]) -> Generator[Event, Any, OpResult]:
         self.counters["loads"] += 1
+        self.loads_in_flight += 1
         err = None
         if self.ports.active("load"):
             err = yield from self.ports.through("load", str(lease.lease_id))
         if err is None:
             yield self.transfer.h2d(lease.slots, dst_pages)
+        self.loads_in_flight -= 1
         if lease.state == "open":
             self._end_lease(lease, "loaded")  # consumed on success and on failure
         if err is not None:

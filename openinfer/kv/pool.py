@@ -91,6 +91,10 @@ class BlockPool:
     def contains(self, block_hash: BlockHash) -> bool:
         return block_hash in self._primary
 
+    def primary_page(self, block_hash: BlockHash) -> int | None:
+        """The matchable page registered under ``block_hash``, if any."""
+        return self._primary.get(block_hash)
+
     # -- allocation -------------------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh mutable pages (refcount 1 each), or None if fewer are free."""
@@ -165,13 +169,19 @@ class BlockPool:
         self._reset_on_release.discard(page)
 
     # -- prefix matching --------------------------------------------------------------
-    def match(self, hashes: Sequence[BlockHash]) -> list[int]:
-        """Strong refs to the longest contiguous registered prefix of ``hashes``."""
+    def match(self, hashes: Sequence[BlockHash], within_headroom: bool = False) -> list[int]:
+        """Strong refs to the longest contiguous registered prefix of ``hashes``.
+
+        ``within_headroom``: stop before an inactive block whose pinning would eat into
+        the entitlement floor (an unadmitted probe must not take an admitted draw's page).
+        """
         pages: list[int] = []
         primary = self._primary
         for h in hashes:
             page = primary.get(h)
             if page is None:
+                break
+            if within_headroom and self._refs[page] == 0 and self.headroom() < 1:
                 break
             self.acquire(page)
             pages.append(page)

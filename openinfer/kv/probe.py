@@ -51,10 +51,11 @@ class PrefixProbe:
         self.held.release()
 
 
-def probe_prefix(pool: BlockPool, seq_hashes: Sequence[BlockHash], num_tokens: int) -> PrefixProbe:
+def probe_prefix(pool: BlockPool, seq_hashes: Sequence[BlockHash], num_tokens: int,
+                 respect_floor: bool = False) -> PrefixProbe:
     """Pin the GPU-radix prefix of a prompt. ``cacheable = (n - 1) // block_size`` so that at
     least one prompt token is always forwarded (its logits produce the first token)."""
-    held = PageRefs(pool, pool.match(seq_hashes))
+    held = PageRefs(pool, pool.match(seq_hashes, within_headroom=respect_floor))
     cacheable = max(0, (num_tokens - 1) // pool.block_size)
     return PrefixProbe(pool, list(seq_hashes), len(held), cacheable, held)
 
@@ -89,8 +90,15 @@ def reserve_loaded_blocks(pool: BlockPool, n: int) -> Reservation | None:
     return None if pages is None else Reservation(pool, pages)
 
 
-def commit_loaded_blocks(probe: PrefixProbe, reservation: Reservation) -> None:
-    """Name the restored pages with their hashes and add them to the probe's hold."""
+def commit_loaded_blocks(probe: PrefixProbe, reservation: Reservation, dedupe: bool = True) -> None:
+    """Name the restored pages with their hashes and add them to the probe's hold.
+
+    ``dedupe``: where another request registered the same block while this one was being
+    restored, hold that primary and return the restored copy. Otherwise the hold pins a
+    private duplicate that the request's first chunk will not match (D1): the credit then
+    counts pages the request does not use, and the match pulls the primary out of the
+    free pool a second time.
+    """
     if reservation.state != "reserved":
         raise AccountingError(f"commit of a {reservation.state} reservation (commit without reserve)")
     if reservation.pool is not probe.pool:
@@ -98,7 +106,15 @@ def commit_loaded_blocks(probe: PrefixProbe, reservation: Reservation) -> None:
     start = probe.gpu_hit
     if start + len(reservation) > len(probe.seq_hashes):
         raise AccountingError("commit: more restored pages than the prompt has blocks")
+    pool = probe.pool
     for i, page in enumerate(reservation.pages):
-        probe.pool.register(page, probe.seq_hashes[start + i])
-    probe.held.pages.extend(reservation.pages)
+        h = probe.seq_hashes[start + i]
+        primary = pool.primary_page(h) if dedupe else None
+        if primary is not None:
+            pool.acquire(primary)
+            pool.release(page)  # unnamed: straight back to reset
+            probe.held.pages.append(primary)
+        else:
+            pool.register(page, h)
+            probe.held.pages.append(page)
     reservation.state = "committed"

@@ -6,8 +6,10 @@ advances the KV position and registers every block whose KV is now complete, so 
 requests can match it. ``revert_schedule`` undoes a schedule whose step failed.
 
 Page draws follow kvbm's peak: decode keeps one eager generation page ahead, so a request
-with prompt p and max_tokens m draws at most ``ceil((p + m) / block_size)`` pages —
-``lifetime_blocks`` — which is what admission reserves.
+with prompt p and max_tokens m > 1 draws at most ``ceil((p + m) / block_size)`` pages, and
+one with m = 1 only its prompt's ``ceil(p / block_size)`` (it never decodes). That is
+``lifetime_blocks``, the same formula admission reserves, so the scheduler's budget and
+the pool's entitlement can never disagree about a request (spec §2.7's caveat).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from openinfer.kv.pool import BlockPool
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def lifetime_blocks(prompt: int, max_tokens: int, block_size: int) -> int:
+    """Pages a request may draw over its life: kvbm's peak (#335)."""
+    return max(1, ceil_div(prompt if max_tokens <= 1 else prompt + max_tokens, block_size))
 
 
 class KvState(Enum):
@@ -48,7 +55,7 @@ class RequestKv:
         self.num_prompt = len(prompt)
         self.max_tokens = max_tokens
         self.salt = salt
-        self.lifetime_blocks = max(1, ceil_div(self.num_prompt + max_tokens, self.block_size))
+        self.lifetime_blocks = lifetime_blocks(self.num_prompt, max_tokens, self.block_size)
         self.hashes: list[BlockHash] = list(prompt_hashes) if prompt_hashes is not None else \
             block_hashes(self.tokens, self.block_size, salt)
         self.pages: list[int] = []
@@ -168,11 +175,10 @@ class RequestKv:
     # -- entitlement ------------------------------------------------------------------
     def try_admit(self, credited: int = 0) -> bool:
         """Entitle the remaining draw if the pool can cover it (idempotent)."""
-        if self.admitted:
-            return True
         pool = self.pool
-        if pool.entitlement_enabled and \
-                pool.available_blocks() + credited < pool.entitled + self.remaining_blocks:
+        if self.admitted or not pool.entitlement_enabled:
+            return True
+        if pool.available_blocks() + credited < pool.entitled + self.remaining_blocks:
             return False
         self.admitted = True
         pool.entitle(self.remaining_blocks)

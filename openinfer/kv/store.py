@@ -54,6 +54,7 @@ class KvStore:
         self.resolve_enabled = True
         self.l1_retention_disabled = False
         self.flushes = FlushBarriers(rt, self.config, self.stats)
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
 
     # -- ranks and toggles ------------------------------------------------------------
     def rank(self, r: int) -> Rank:
@@ -99,11 +100,11 @@ class KvStore:
         stats.resolves += 1
         if self.l1_retention_disabled:
             pool.evict_inactive()
-        if cancel.is_cancelled():
+        if self._cancelled_now(cancel):
             return self._cancelled(out, None)
         if hashes is None:
             hashes = block_hashes(tokens, pool.block_size, salt_hash(scope.cache_salt, scope.lora))
-        probe = probe_prefix(pool, hashes, len(tokens))
+        probe = probe_prefix(pool, hashes, len(tokens), respect_floor=cfg.probe_respects_floor)
         if policy.full_pages:
             probe.include_final_block()
         out.gpu_blocks = min(probe.gpu_hit, probe.cacheable)
@@ -114,7 +115,7 @@ class KvStore:
 
         deadline = rt.now() + cfg.resolve_deadline_s
         while True:
-            if cancel.is_cancelled():
+            if self._cancelled_now(cancel):
                 return self._cancelled(out, probe)
             query = tier.query(req_id, wanted, policy.wait_for_full_hit)
             out.queries += 1
@@ -141,10 +142,12 @@ class KvStore:
                 return self._finish(r, probe, out, reason)
             yield rt.sleep(cfg.requery_interval_s)
 
-        if cancel.is_cancelled():
+        if self._cancelled_now(cancel):
             tier.release(lease)
             reservation.release()
             return self._cancelled(out, probe)
+        for obs in self.observers:
+            obs("load_started", dict(req_id=req_id, blocks=len(reservation), time=rt.now()))
         load = tier.load(lease, reservation.pages)
         if cfg.track_loads:
             rank.loads = [p for p in rank.loads if not p.triggered]
@@ -157,10 +160,13 @@ class KvStore:
         if not load.value.ok:
             reservation.release()  # blocks never named
             return self._finish(r, probe, out, DegradeReason.TIER_ERROR)
-        commit_loaded_blocks(probe, reservation)
+        commit_loaded_blocks(probe, reservation, dedupe=cfg.commit_dedupes)
         stats.resolve_loaded_blocks += len(reservation)
         out.loaded_blocks = len(reservation)
         return self._finish(r, probe, out)
+
+    def _cancelled_now(self, cancel: CancelProbe) -> bool:
+        return self.config.observe_cancel and cancel.is_cancelled()
 
     def _abandon_query(self, tier: Tier, query: Event) -> None:
         """The resolve stopped waiting; a Hit that arrives later still holds a lease."""

@@ -20,6 +20,9 @@ from simpy.events import Event
 from openinfer.runtime.base import OrderedEnvironment, Runtime
 
 
+_EPSILON_S = 1e-9
+
+
 class WallEnvironment(OrderedEnvironment):
     """Processes events in real time; virtual time never runs behind the wall clock."""
 
@@ -45,7 +48,7 @@ class WallEnvironment(OrderedEnvironment):
         if not self._queue:
             raise EmptySchedule
         due = self._queue[0][0]
-        while (delta := due - self.wall_now()) > 0:
+        while (delta := due - self.wall_now()) > _EPSILON_S:  # a float residue is not worth a sleep
             self._sleep(delta)
         entry = heappop(self._queue)
         self._now = max(entry[0], self.wall_now())

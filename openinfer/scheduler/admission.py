@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from openinfer.kv.pool import BlockPool
-from openinfer.kv.request_kv import ceil_div
+from openinfer.kv.request_kv import ceil_div, lifetime_blocks
 from openinfer.scheduler.config import SchedulerConfig
 from openinfer.scheduler.records import ActiveRequest, PendingRequest
 
@@ -24,11 +24,6 @@ class RejectReason(Enum):
     CONTEXT_LENGTH = "context_length"
     ECHO_PREFILL_TOKENS = "echo_prefill_tokens"
     KV_BUDGET = "kv_budget"
-
-
-def lifetime_blocks(prompt: int, max_tokens: int, block_size: int) -> int:
-    """Pages a request may draw over its life: kvbm's peak, ceil((p + m) / bs) (#335)."""
-    return max(1, ceil_div(prompt if max_tokens <= 1 else prompt + max_tokens, block_size))
 
 
 def credit(p: PendingRequest, block_size: int) -> int:
@@ -42,6 +37,7 @@ class AdmissionResult:
     rejected: list[tuple[PendingRequest, RejectReason, str]] = field(default_factory=list)
     shed: list[PendingRequest] = field(default_factory=list)
     budget_deferred: list[PendingRequest] = field(default_factory=list)
+    considered: list[PendingRequest] = field(default_factory=list)  # queue order
 
 
 def future_draws(active: Sequence[ActiveRequest], prefilling: Sequence[PendingRequest],
@@ -57,6 +53,23 @@ def future_draws(active: Sequence[ActiveRequest], prefilling: Sequence[PendingRe
     return total
 
 
+def _rejection(p: PendingRequest, bs: int, pool: BlockPool,
+               cfg: SchedulerConfig) -> tuple[RejectReason, str] | None:
+    """Why a request can never be admitted, or None."""
+    n, m = p.prompt_len, p.req.max_tokens
+    if n + m > cfg.max_context_tokens:
+        return RejectReason.CONTEXT_LENGTH, (f"prompt ({n}) + max_tokens ({m}) exceeds max_context_tokens "
+                                             f"({cfg.max_context_tokens})")
+    if p.req.echo and n > cfg.max_prefill_tokens:
+        return RejectReason.ECHO_PREFILL_TOKENS, (f"echo prompt ({n}) exceeds max_prefill_tokens "
+                                                  f"({cfg.max_prefill_tokens})")
+    life = lifetime_blocks(n, m, bs)
+    if life > pool.max_request_blocks():
+        return RejectReason.KV_BUDGET, (f"needs {life} KV pages, the pool can never hold more than "
+                                        f"{pool.max_request_blocks()}")
+    return None
+
+
 def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
           prefilling: Sequence[PendingRequest], pool: BlockPool, pinned: int,
           cfg: SchedulerConfig, on_shed: Callable[[PendingRequest], None] | None = None) -> AdmissionResult:
@@ -67,29 +80,25 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
         base = pool.available_blocks() - (pinned if sw.subtract_pinned else 0)
         return base - future_draws(active, prefilling, bs)
 
+    out = AdmissionResult(considered=list(deferred))
+
+    def recompute() -> int:
+        """After holds were dropped mid-pass: what is free, less this pass's admissions."""
+        return budget_now() - sum(lifetime_blocks(a.prompt_len, a.req.max_tokens, bs) - credit(a, bs)
+                                  for a in out.admitted)
+
     budget = budget_now()
     slots = cfg.max_decode_batch - len(active) - len(prefilling)
-    out = AdmissionResult()
-    queue = list(deferred)
+    queue = out.considered
     for i, p in enumerate(queue):
-        n = p.prompt_len
-        m = p.req.max_tokens
-        life = lifetime_blocks(n, m, bs)
-        if n + m > cfg.max_context_tokens:
-            out.rejected.append((p, RejectReason.CONTEXT_LENGTH,
-                                 f"prompt ({n}) + max_tokens ({m}) exceeds max_context_tokens "
-                                 f"({cfg.max_context_tokens})"))
+        reason = _rejection(p, bs, pool, cfg)
+        if reason is not None:
+            out.rejected.append((p, *reason))
+            if sw.reject_drops_hold and p.kv_prefix.hit_tokens and not p.kv_prefix.released:
+                p.drop_hold()  # at once, so the requests behind it see the freed pages
+                budget = recompute()
             continue
-        if p.req.echo and n > cfg.max_prefill_tokens:
-            out.rejected.append((p, RejectReason.ECHO_PREFILL_TOKENS,
-                                 f"echo prompt ({n}) exceeds max_prefill_tokens ({cfg.max_prefill_tokens})"))
-            continue
-        if life > pool.max_request_blocks():
-            out.rejected.append((p, RejectReason.KV_BUDGET,
-                                 f"needs {life} KV pages, the pool can never hold more than "
-                                 f"{pool.max_request_blocks()}"))
-            continue
-        fresh = life - credit(p, bs)
+        fresh = lifetime_blocks(p.prompt_len, p.req.max_tokens, bs) - credit(p, bs)
         if slots > 0 and fresh > budget and sw.shed_holds_on_defer:
             for rear in reversed(queue[i + 1:]):
                 if fresh <= budget:
@@ -99,9 +108,7 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
                     out.shed.append(rear)
                     if on_shed is not None:
                         on_shed(rear)
-                    budget = budget_now() - sum(
-                        lifetime_blocks(a.prompt_len, a.req.max_tokens, bs) - credit(a, bs)
-                        for a in out.admitted)
+                    budget = recompute()
         if fresh <= budget and slots > 0:
             out.admitted.append(p)
             budget -= fresh

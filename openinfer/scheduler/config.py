@@ -24,6 +24,18 @@ class SchedulerSwitches:
     idle_requires_no_resolves: bool = True
     # F5 (bug when True): subtract save-pinned pages from a budget already net of them.
     subtract_pinned: bool = False
+    # H9: a prefill server's Finished says when its KV is not all visible and registered
+    # (barrier timeout, failed save, dropped registration) instead of advertising it.
+    mark_degraded_kv_ready: bool = True
+    # H13: the load snapshot's waiting count includes resolves in flight.
+    snapshot_counts_resolves: bool = True
+    # H16: a rejected request's prefix hold is dropped with it.
+    reject_drops_hold: bool = True
+    # C1 (found by the hunter): a control waits for the generates that arrived before it,
+    # even those that arrived behind an earlier pending control.
+    controls_in_arrival_order: bool = True
+    # S1: a failed prefill-only step leaves the decoding requests (not in it) alone.
+    failed_prefill_keeps_decodes: bool = True
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class PendingControl:
     command: ControlCommand
     response: Event
     arrived_at: float
+    after_request: int = 0  # id of the last generate submitted before this command
 
 
 def malformed(cmd: ControlCommand) -> str | None:

@@ -18,9 +18,10 @@ from openinfer.backend.executor import Executor, StepKind, StepPlan, StepResult
 from openinfer.errors import ConfigError
 from openinfer.kv.hashing import block_hashes, salt_hash
 from openinfer.kv.prefix import ResolvePolicy
-from openinfer.kv.saves import SaveClass
+from openinfer.kv.flush import FlushOutcome
+from openinfer.kv.saves import SaveClass, SaveCursor
 from openinfer.kv.store import KvStore
-from openinfer.scheduler.admission import admit
+from openinfer.scheduler.admission import admit, credit
 from openinfer.scheduler.chunking import take_prefill_chunks
 from openinfer.scheduler.config import Role, SchedulerConfig
 from openinfer.scheduler.control import (ControlCommand, ControlOp, ControlResponse, PendingControl,
@@ -29,9 +30,19 @@ from openinfer.scheduler.records import ActiveRequest, PendingRequest
 from openinfer.scheduler.request import (EventKind, FinishReason, GenerateRequest, RequestEvent,
                                          RequestHandle, TokenSink)
 from openinfer.scheduler.resolve_hub import ResolveHub
-from openinfer.scheduler.step_builder import build_step, choose_kind, revert_step
+from openinfer.scheduler.step_builder import build_step, choose_kind, ensure_kv, revert_step
 
 Observer = Callable[[str, dict[str, Any]], None]
+KV_ALLOCATION_FAILED = "KV allocation failed while scheduling the step"
+
+
+@dataclass
+class Finish:
+    """A Finished event waiting for release, with the saves it vouches for."""
+
+    sink: TokenSink
+    event: RequestEvent
+    cursor: SaveCursor
 
 
 @dataclass
@@ -88,7 +99,8 @@ class Engine:
     def control(self, command: ControlCommand) -> Event:
         """Queue a LoRA control command; the event's value is its ControlResponse."""
         self._control_seq += 1
-        pc = PendingControl(self._control_seq, command, self.rt.event(), self.rt.now())
+        pc = PendingControl(self._control_seq, command, self.rt.event(), self.rt.now(),
+                            after_request=self._next_id - 1)
         self._push(pc)
         return pc.response
 
@@ -97,15 +109,16 @@ class Engine:
         self._notify()
 
     def snapshot(self) -> LoadSnapshot:
+        resolving = self.hub.in_flight() if self.cfg.switches.snapshot_counts_resolves else 0
         return LoadSnapshot(self.pool.total_blocks() - self.pool.available_blocks(), self.pool.total_blocks(),
                             len(self.active) + len(self.prefilling),
-                            len(self.deferred) + len(self.post_control_deferred) + self.hub.in_flight()
+                            len(self.deferred) + len(self.post_control_deferred) + resolving + self.hub.ready_count()
                             + sum(isinstance(x, PendingRequest) for x in self._intake),
                             self.hub.in_flight())
 
     def has_work(self) -> bool:
         return bool(self.active or self.prefilling or self.deferred or self.post_control_deferred
-                    or self.hub.in_flight() or self._intake or self.pending_control)
+                    or self.hub.in_flight() or self.hub.ready_count() or self._intake or self.pending_control)
 
     def _push(self, item: PendingRequest | PendingControl) -> None:
         self._intake.append(item)
@@ -195,6 +208,8 @@ class Engine:
     # -- control ----------------------------------------------------------------------
     def _accept_control(self, pc: PendingControl) -> None:
         problem = malformed(pc.command)
+        if problem is None and not self.cfg.lora_control:
+            problem = "control commands need the LoRA-control engine (scheduler.lora_control=true)"
         if problem is not None:
             pc.response.succeed(ControlResponse(False, problem, applied_at=self.rt.now()))
             return
@@ -206,13 +221,27 @@ class Engine:
         return not (self.active or self.deferred or self.prefilling)
 
     def _apply_controls(self) -> None:
-        for pc in self.pending_control:
+        """Apply pending controls in arrival order. Generates that arrived between two
+        controls are released after the first; with ``controls_in_arrival_order`` the next
+        control then waits until they drain (C1: the PR applied every pending control first)."""
+        while self.pending_control:
+            pc = self.pending_control.pop(0)
             resp = self._apply_control(pc.command)
             resp.applied_at = self.rt.now()
             self._emit("control_applied", control=pc, response=resp)
             pc.response.succeed(resp)
-        self.pending_control = []
-        released, self.post_control_deferred = self.post_control_deferred, []
+            if not self.cfg.switches.controls_in_arrival_order:
+                continue
+            limit = self.pending_control[0].after_request if self.pending_control else None
+            released = [p for p in self.post_control_deferred if limit is None or p.id <= limit]
+            if released:
+                self._release_post_control(released)
+                return
+        self._release_post_control(list(self.post_control_deferred))
+
+    def _release_post_control(self, released: list[PendingRequest]) -> None:
+        ids = {p.id for p in released}
+        self.post_control_deferred = [p for p in self.post_control_deferred if p.id not in ids]
         for p in released:
             p.adapter_loaded_at_arrival = p.req.lora is None or p.req.lora in self.executor.adapters()
             self._route(p)
@@ -248,16 +277,24 @@ class Engine:
                     self.store.pinned_blocks(self.rank), self.cfg)
         for p, _reason, message in res.rejected:
             self._reject(p, message)
-        self.prefilling.extend(res.admitted)
-        self.deferred = res.deferred
-        self._emit("admission", result=res)
+        lost: list[PendingRequest] = []
+        for p in res.admitted:
+            kv = ensure_kv(p, self.pool)
+            if kv.try_admit(credit(p, self.pool.block_size)):  # entitlement floor, when on
+                self.prefilling.append(p)
+            else:  # a resolve reservation won the race: retry next tick
+                kv.release()
+                p.kv = None
+                lost.append(p)
+        self.deferred = lost + res.deferred
+        self._emit("admission", result=res, lost=lost)
 
     # -- steps ------------------------------------------------------------------------
     def _run_step(self, kind: StepKind, chunks: list[PendingRequest]) -> Generator[Event, Any, None]:
         plan, ok = build_step(kind, chunks, self.active, self.pool, self.cfg.prefix_cache)
         self.steps += 1
         if not ok:
-            self._fail_step(plan, chunks, "KV allocation failed while scheduling the step")
+            self._fail_step(plan, chunks, KV_ALLOCATION_FAILED)
             return
         self._emit("step_start", plan=plan)
         result: StepResult = yield self.executor.execute(plan)
@@ -269,7 +306,10 @@ class Engine:
         self._emit("step_end", plan=plan, result=result)
 
     def _fail_step(self, plan: StepPlan, chunks: list[PendingRequest], error: str) -> None:
-        """§5.8: every target of the step gets Error and is dropped; active is cleared."""
+        """§5.8: every target of the step gets Error and is dropped. The Rust loop then
+        clears ``active`` unconditionally, which after a forced prefill-only step drops
+        decoding requests that were not in it (S1); fixed keeps them decoding."""
+        self._emit("step_failed", plan=plan, error=error)
         targets_prefill = chunks
         targets_active = list(self.active) if plan.kind is not StepKind.PREFILL else []
         for p in targets_prefill:
@@ -280,10 +320,11 @@ class Engine:
             self._terminal(a.sink, EventKind.ERROR, a.queued_at, message=error,
                            completion=a.generated)
             self._drop_active(a)
-        self.active.clear()
+        if targets_active or not self.cfg.switches.failed_prefill_keeps_decodes:
+            self.active.clear()  # S1 when nothing was failed: decodes vanish, pages leak
 
     def _apply(self, plan: StepPlan, chunks: list[PendingRequest], result: StepResult) -> None:
-        finishes: list[tuple[TokenSink, RequestEvent]] = []
+        finishes: list[Finish] = []
         eos = self.executor.eos_token
         by_id = {p.id: p for p in chunks}
         promoted: list[ActiveRequest] = []
@@ -309,11 +350,11 @@ class Engine:
             if p.req.echo:
                 p.sink.send(RequestEvent(EventKind.PROMPT_TOKENS, p.id, self.rt.now()))
             if tok == eos and not p.req.params.ignore_eos:
-                finishes.append((p.sink, self._finished(p.id, FinishReason.STOP, 0, p.queued_at)))
+                finishes.append(Finish(p.sink, self._finished(p.id, FinishReason.STOP, 0, p.queued_at), p.cursor))
                 self._drop_pending(p)
             elif p.req.max_tokens <= 1:
                 p.sink.send(RequestEvent(EventKind.TOKEN, p.id, self.rt.now(), token=tok))
-                finishes.append((p.sink, self._finished(p.id, FinishReason.LENGTH, 1, p.queued_at)))
+                finishes.append(Finish(p.sink, self._finished(p.id, FinishReason.LENGTH, 1, p.queued_at), p.cursor))
                 self._drop_pending(p)
             elif not p.sink.send(RequestEvent(EventKind.TOKEN, p.id, self.rt.now(), token=tok)):
                 self._drop_pending(p)  # client gone: no terminal event
@@ -330,11 +371,13 @@ class Engine:
             self.store.seal(self.rank, a.kv, a.cursor, SaveClass.CACHEABLE)
             completion = a.generated + 1
             if tok == eos and not a.req.params.ignore_eos:
-                finishes.append((a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at)))
+                finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at),
+                                       a.cursor))
                 self._drop_active(a)
             elif completion >= a.req.max_tokens:
                 a.sink.send(RequestEvent(EventKind.TOKEN, a.id, self.rt.now(), token=tok))
-                finishes.append((a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at)))
+                finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at),
+                                       a.cursor))
                 self._drop_active(a)
             elif not a.sink.send(RequestEvent(EventKind.TOKEN, a.id, self.rt.now(), token=tok)):
                 self._drop_active(a)
@@ -352,17 +395,22 @@ class Engine:
         return RequestEvent(EventKind.FINISHED, rid, self.rt.now(), reason=reason,
                             completion_tokens=completion, queued_at=queued_at)
 
-    def _release_finished(self, finishes: list[tuple[TokenSink, RequestEvent]]) -> None:
-        """Default: send now. Prefill role: only once the flush barrier says KV is visible."""
+    def _release_finished(self, finishes: list[Finish]) -> None:
+        """Default: send now. Prefill role: only once the flush barrier says KV is visible;
+        with ``mark_degraded_kv_ready`` a Finished whose KV is not all registered (barrier
+        timed out, a save failed, a registration was dropped) says so instead of lying."""
         if not self.cfg.flush_on_finish:
-            for sink, ev in finishes:
-                self._send_terminal(sink, ev)
+            for f in finishes:
+                self._send_terminal(f.sink, f.event)
             return
 
-        def release(outcome: Any) -> None:
-            for sink, ev in finishes:
-                ev.time = self.rt.now()
-                self._send_terminal(sink, ev)
+        def release(outcome: FlushOutcome) -> None:
+            for f in finishes:
+                f.event.time = self.rt.now()
+                if self.cfg.switches.mark_degraded_kv_ready and (
+                        not outcome.ok or any(r.registered_at is None for r in f.cursor.records)):
+                    f.event.kv_degraded = True
+                self._send_terminal(f.sink, f.event)
             self._emit("finished_released", finishes=finishes, outcome=outcome)
         self._emit("barrier_started", finishes=finishes)
         self.store.flush_saves_then(self.rank, release)
@@ -378,7 +426,8 @@ class Engine:
             self._emit("terminal", event=ev)
 
     def _reject(self, p: PendingRequest, message: str) -> None:
-        p.drop_hold()
+        if self.cfg.switches.reject_drops_hold:
+            p.drop_hold()
         self._terminal(p.sink, EventKind.REJECTED, p.queued_at, message=message)
 
     def _retire_class(self) -> SaveClass:

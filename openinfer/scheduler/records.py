@@ -28,6 +28,7 @@ class PendingRequest:
     cursor: SaveCursor = field(default_factory=SaveCursor)
     adapter_loaded_at_arrival: bool = True
     scheduled_sent: bool = False  # the first chunk's result has been applied
+    prefix_adopted: bool = False  # the first chunk matched the cached prefix
 
     @property
     def prompt_len(self) -> int:

@@ -76,6 +76,7 @@ class RequestEvent:
     cached_tokens: int = 0
     completion_tokens: int = 0
     queued_at: float = 0.0
+    kv_degraded: bool = False  # prefill role: KV-ready promised without full registration
 
 
 class AbortState(Enum):

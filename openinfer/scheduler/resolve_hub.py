@@ -26,6 +26,10 @@ class ResolveHub:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    def ready_count(self) -> int:
+        """Settled, not yet drained into the queue: still waiting, for the load snapshot."""
+        return len(self._ready)
+
     def route(self, p: PendingRequest) -> None:
         scope = CacheScope(p.req.cache_salt, p.req.lora)
         proc = self.store.resolve_prefix(self.rank, str(p.id), p.req.prompt, scope, self.policy,

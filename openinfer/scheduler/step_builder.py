@@ -35,13 +35,12 @@ def build_step(kind: StepKind, chunks: Sequence[PendingRequest], active: Sequenc
     plan = StepPlan(kind)
     ok = True
     for p in chunks:
-        if p.kv is None:
-            p.kv = RequestKv(pool, p.req.prompt, p.req.max_tokens,
-                             salt_hash(p.req.cache_salt, p.req.lora), prompt_hashes=p.hashes)
+        kv = ensure_kv(p, pool)
+        if not p.prefix_adopted:
+            p.prefix_adopted = True
             if prefix_cache and not p.req.echo:
-                p.cached_tokens = p.kv.match_and_add_prefix()
-            p.prefill_pos = p.kv.prefill_position
-        kv = p.kv
+                p.cached_tokens = kv.match_and_add_prefix()
+            p.prefill_pos = kv.prefill_position
         start = kv.prefill_position
         n = min(p.step_chunk, p.prompt_len - start)
         if not kv.schedule_prefill(n):
@@ -59,6 +58,14 @@ def build_step(kind: StepKind, chunks: Sequence[PendingRequest], active: Sequenc
     if not ok:
         revert_step(plan)
     return plan, ok
+
+
+def ensure_kv(p: PendingRequest, pool: BlockPool) -> RequestKv:
+    """The request's KV record (created at admission, or here for a bare first chunk)."""
+    if p.kv is None:
+        p.kv = RequestKv(pool, p.req.prompt, p.req.max_tokens, salt_hash(p.req.cache_salt, p.req.lora),
+                         prompt_hashes=p.hashes)
+    return p.kv
 
 
 def revert_step(plan: StepPlan) -> None:

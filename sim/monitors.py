@@ -1,0 +1,283 @@
+"""Monitors: generic invariants checked while a run goes, and at its end.
+
+None of these knows a scenario. Each is a property any correct scheduler + store must
+keep; a violation raises :class:`InvariantViolation` from inside the event that broke it,
+which stops the run with the invariant's name. The names are the hunter's report keys.
+
+Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
+``single_terminal_event``, ``admitted_draw_never_fails``, ``kv_ready_after_registration``,
+``control_linearizability``, ``single_charge_admission``, ``load_snapshot_counts_resolves``,
+``resolve_observes_cancel``. Liveness (only once every fault has healed):
+``admission_liveness``, ``bounded_terminal_event``. End of run: ``quiescence``,
+``no_lease_leak``, ``teardown_drains_loads``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from openinfer.kv.store import KvStore
+from openinfer.kv.request_kv import lifetime_blocks
+from openinfer.scheduler.admission import AdmissionResult, credit, future_draws
+from openinfer.scheduler.engine import KV_ALLOCATION_FAILED, Engine
+from openinfer.scheduler.records import PendingRequest
+from openinfer.scheduler.request import EventKind
+
+INVARIANTS = (
+    "page_conservation", "held_page_integrity", "single_terminal_event", "admitted_draw_never_fails",
+    "kv_ready_after_registration", "control_linearizability", "single_charge_admission",
+    "load_snapshot_counts_resolves", "resolve_observes_cancel", "admission_liveness",
+    "bounded_terminal_event", "quiescence", "no_lease_leak", "teardown_drains_loads",
+)
+
+
+class InvariantViolation(Exception):
+    def __init__(self, name: str, time: float, detail: str) -> None:
+        super().__init__(name, time, detail)  # SimPy re-raises a failed process's exception from its args
+        self.name = name
+        self.time = time
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.name} at t={self.time:.6f}s: {self.detail}"
+
+
+@dataclass
+class MonitorConfig:
+    liveness_ticks: int = 50          # scheduler passes with nothing admitted before F1-style alarm
+    terminal_bound_s: float = 30.0    # after max(arrival, last heal): resolve 15 s + flush 5 s + slack
+    check_pool_every: int = 1         # pool.check() is O(pages): thin it out for large runs
+
+
+@dataclass
+class _Req:
+    pending: PendingRequest
+    accepted_at: float
+    terminals: int = 0
+    terminal_at: float | None = None
+    engine_done: bool = False
+
+
+class Monitor:
+    """Watches one engine, its store rank and tier."""
+
+    def __init__(self, engine: Engine, store: KvStore, heal_s: float, config: MonitorConfig | None = None,
+                 timeline: list[tuple[float, str]] | None = None) -> None:
+        self.engine = engine
+        self.store = store
+        self.rank = store.rank(engine.rank)
+        self.pool = engine.pool
+        self.heal_s = heal_s
+        self.cfg = config or MonitorConfig()
+        self.timeline = timeline if timeline is not None else []
+        self.reqs: dict[int, _Req] = {}
+        self.by_resolve_id: dict[str, _Req] = {}
+        self._stalled_ticks = 0
+        self._ticks = 0
+        self._last_note = ""
+        self._repeats = 0
+        engine.observers.append(self.on_engine)
+        store.observers.append(self.on_store)
+
+    @property
+    def rt(self) -> Any:
+        return self.engine.rt
+
+    def fail(self, name: str, detail: str) -> None:
+        raise InvariantViolation(name, self.rt.now(), detail)
+
+    def note(self, text: str) -> None:
+        """Append to the readable timeline; a run of identical entries folds into one."""
+        entry = f"{self.engine.name}: {text}"
+        if self.timeline and self._last_note == entry:
+            self._repeats += 1
+            t0, _ = self.timeline[-1]
+            self.timeline[-1] = (t0, f"{entry} (x{self._repeats})")
+            return
+        self._last_note = entry
+        self._repeats = 1
+        self.timeline.append((self.rt.now(), entry))
+
+    # -- engine events ----------------------------------------------------------------
+    def on_engine(self, kind: str, data: dict[str, Any]) -> None:
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is not None:
+            handler(data)
+
+    def _on_accepted(self, d: dict[str, Any]) -> None:
+        p: PendingRequest = d["req"]
+        r = _Req(p, self.rt.now())
+        self.reqs[p.id] = r
+        self.by_resolve_id[str(p.id)] = r
+        self.note(f"accept r{p.id} prompt={p.prompt_len} max={p.req.max_tokens}"
+                  + (f" lora={p.req.lora}" if p.req.lora else ""))
+
+    def _on_tick(self, d: dict[str, Any]) -> None:
+        self._ticks += 1
+        if self._ticks % self.cfg.check_pool_every == 0:
+            try:
+                self.pool.check()
+            except Exception as err:  # AccountingError
+                self.fail("page_conservation", str(err))
+        self._check_holds()
+        self._check_snapshot()
+        self._check_liveness()
+
+    def _check_holds(self) -> None:
+        for p in (*self.engine.deferred, *self.engine.prefilling):
+            pre = p.kv_prefix
+            if pre.released or pre.hold is None:
+                continue
+            for i, page in enumerate(pre.hold.held.pages):
+                if self.pool.refcount(page) < 1 or self.pool.block_hash(page) != pre.hold.seq_hashes[i]:
+                    self.fail("held_page_integrity", f"r{p.id}'s held page {page} (block {i}) was evicted or reused")
+
+    def _check_snapshot(self) -> None:
+        e = self.engine
+        snap = e.snapshot()
+        if snap.waiting < len(e.deferred) + e.hub.in_flight():
+            self.fail("load_snapshot_counts_resolves",
+                      f"waiting={snap.waiting} but {len(e.deferred)} deferred + {e.hub.in_flight()} resolving")
+
+    def _check_liveness(self) -> None:
+        e = self.engine
+        # Pages may legitimately be out of the pool while saves are in flight (guards), a
+        # restore DMA is landing, or a resolve still waits on its (deadline-bounded) query.
+        if self.rt.now() < self.heal_s or e.active or e.prefilling or not e.deferred or e.hub.in_flight() \
+                or self.store.pinned_blocks(e.rank) or getattr(self.rank.tier, "loads_in_flight", 0):
+            self._stalled_ticks = 0
+            return
+        usable = self.pool.max_request_blocks()
+        bs = self.pool.block_size
+        if not any(lifetime_blocks(p.prompt_len, p.req.max_tokens, bs) <= usable for p in e.deferred):
+            self._stalled_ticks = 0
+            return
+        self._stalled_ticks += 1
+        if self._stalled_ticks > self.cfg.liveness_ticks:
+            held = sum(p.kv_prefix.held_blocks for p in e.deferred)
+            self.fail("admission_liveness",
+                      f"nothing running, {len(e.deferred)} deferred request(s) fit an empty pool of {usable} "
+                      f"pages, none admitted for {self._stalled_ticks} passes; available="
+                      f"{self.pool.available_blocks()}, pages held by queued holds={held}")
+
+    def _on_admission(self, d: dict[str, Any]) -> None:
+        res: AdmissionResult = d["result"]
+        for p in res.admitted:
+            self.note(f"admit r{p.id} credit={credit(p, self.pool.block_size)}")
+        for p in res.shed:
+            self.note(f"shed hold of r{p.id}")
+        if res.admitted or d.get("lost"):
+            self._stalled_ticks = 0
+        self._check_single_charge(res)
+
+    def _check_single_charge(self, res: AdmissionResult) -> None:
+        if not res.budget_deferred:
+            return
+        e = self.engine
+        bs = self.pool.block_size
+        first = res.budget_deferred[0]
+        admitted = {p.id for p in res.admitted}
+        prefilling_before = [p for p in e.prefilling if p.id not in admitted]
+        budget = self.pool.available_blocks() - future_draws(e.active, prefilling_before, bs)
+        for p in res.considered:
+            if p is first:
+                break
+            if p.id in admitted:
+                budget -= lifetime_blocks(p.prompt_len, p.req.max_tokens, bs) - credit(p, bs)
+        fresh = lifetime_blocks(first.prompt_len, first.req.max_tokens, bs) - credit(first, bs)
+        if fresh <= budget:
+            self.fail("single_charge_admission",
+                      f"r{first.id} needs {fresh} fresh pages, {budget} are free after every admitted "
+                      f"request's future draws (pinned={self.store.pinned_blocks(e.rank)}), yet it was deferred")
+
+    def _on_step_start(self, d: dict[str, Any]) -> None:
+        plan = d["plan"]
+        self.note(f"step {plan.kind.value} prefill={[(r.req_id, len(r.tokens)) for r in plan.prefill]} "
+                  f"decode={len(plan.decode)}")
+
+    def _on_step_failed(self, d: dict[str, Any]) -> None:
+        self.note(f"step failed: {d['error']}")
+        if d["error"] == KV_ALLOCATION_FAILED:
+            self.fail("admitted_draw_never_fails", "an admitted request's page draw failed: the step errored")
+
+    def _on_terminal(self, d: dict[str, Any]) -> None:
+        ev = d["event"]
+        r = self.reqs.get(ev.req_id)
+        self.note(f"{ev.kind.value} r{ev.req_id}" + (f" ({ev.message})" if ev.message else "")
+                  + (" kv_degraded" if ev.kv_degraded else ""))
+        if r is None:
+            return
+        r.terminals += 1
+        r.terminal_at = self.rt.now()
+        if r.terminals > 1:
+            self.fail("single_terminal_event", f"r{ev.req_id} got a second terminal event ({ev.kind.value})")
+        if ev.kind is EventKind.REJECTED and ev.message and "LoRA adapter is not loaded" in ev.message \
+                and r.pending.adapter_loaded_at_arrival:
+            self.fail("control_linearizability",
+                      f"r{ev.req_id} was accepted while its adapter was loaded, then rejected for it")
+
+    def _on_control_applied(self, d: dict[str, Any]) -> None:
+        pc = d["control"]
+        self.note(f"control {pc.command.op} {pc.command.adapter or ''} -> ok={d['response'].ok}")
+        for r in self.reqs.values():
+            if r.pending.id <= pc.after_request and r.terminals == 0 and not r.engine_done \
+                    and not r.pending.sink.is_closed():
+                self.fail("control_linearizability",
+                          f"control #{pc.seq} applied while r{r.pending.id}, which arrived before it, is unfinished")
+
+    def _on_barrier_started(self, d: dict[str, Any]) -> None:
+        """The engine is done with these requests; only their answer waits for the barrier."""
+        self.note(f"barrier for {[f.event.req_id for f in d['finishes']]}")
+        for f in d["finishes"]:
+            r = self.reqs.get(f.event.req_id)
+            if r is not None:
+                r.engine_done = True
+
+    def _on_finished_released(self, d: dict[str, Any]) -> None:
+        now = self.rt.now()
+        for f in d["finishes"]:
+            if f.event.kv_degraded:
+                continue
+            for rec in f.cursor.records:
+                if rec.registered_at is None or rec.registered_at > now:
+                    self.fail("kv_ready_after_registration",
+                              f"r{f.event.req_id}'s Finished left while a sealed save of {len(rec.hashes)} "
+                              f"blocks was not visible and registered (and it was not marked degraded)")
+
+    # -- store events -----------------------------------------------------------------
+    def on_store(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "load_started":
+            r = self.by_resolve_id.get(data["req_id"])
+            if r is not None and r.pending.sink.is_closed():
+                self.fail("resolve_observes_cancel",
+                          f"r{r.pending.id}'s resolve started a {data['blocks']}-block load after its cancel")
+
+    # -- end of run -------------------------------------------------------------------
+    def check_end(self, end_s: float) -> None:
+        """Terminal bounds, then quiescence; call after the run has settled."""
+        for r in self.reqs.values():
+            if r.pending.sink.is_closed():
+                continue
+            bound = max(r.accepted_at, self.heal_s) + self.cfg.terminal_bound_s
+            if r.terminal_at is None and end_s >= bound:
+                self.fail("bounded_terminal_event",
+                          f"r{r.pending.id} (accepted at {r.accepted_at:.3f}s) has no terminal event by "
+                          f"{end_s:.3f}s; faults healed at {self.heal_s:.3f}s")
+            if r.terminal_at is not None and r.terminal_at > bound:
+                self.fail("bounded_terminal_event",
+                          f"r{r.pending.id}'s terminal event came at {r.terminal_at:.3f}s, after {bound:.3f}s")
+        tier = self.rank.tier
+        if tier is not None and tier.open_leases():
+            self.fail("no_lease_leak", f"{tier.open_leases()} tier lease(s) still pin host blocks at the end")
+        issues = [i for i in self.store.quiescent(self.engine.rank) if not i.startswith("open_leases")]
+        if self.engine.deferred or self.engine.prefilling or self.engine.active:
+            issues.append("requests still queued")
+        if issues:
+            self.fail("quiescence", "; ".join(issues))
+
+    def check_teardown(self) -> None:
+        tier = self.rank.tier
+        if tier is not None and getattr(tier, "loads_in_flight", 0):
+            self.fail("teardown_drains_loads",
+                      f"flush_loads returned while {tier.loads_in_flight} restore DMA(s) still write GPU pages")

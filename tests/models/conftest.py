@@ -1,0 +1,48 @@
+"""Shared fixtures for the Qwen3 tests.
+
+Without a GPU the Triton kernels run in the interpreter: TRITON_INTERPRET must be set
+before triton is first imported, hence here at conftest import time. With a GPU (and the
+variable unset) the same tests run the compiled kernels on ``cuda``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pytest  # noqa: E402
+
+from openinfer.models.qwen3.checkpoint import write_random_checkpoint  # noqa: E402
+from openinfer.models.qwen3.config import preset  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory) -> Path:
+    """A float32 tiny Qwen3 (2 layers, tied embeddings), seed 0."""
+    return write_random_checkpoint(preset("tiny"), tmp_path_factory.mktemp("tiny"), seed=0,
+                                   dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tiny_ckpt):
+    """HF transformers' own Qwen3 on the same files: the reference, never runtime code."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.Qwen3ForCausalLM.from_pretrained(
+        tiny_ckpt, dtype=torch.float32, attn_implementation="eager")
+    return model.to(DEVICE).eval()

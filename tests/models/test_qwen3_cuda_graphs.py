@@ -1,0 +1,83 @@
+"""CUDA-graph decode (GPU only; skipped on CPU): replay == eager forward, padding rows inert."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from openinfer.models.qwen3 import Qwen3Model, SeqInput
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+    reason="needs a CUDA GPU with compiled Triton kernels")
+
+
+def test_graph_replay_matches_eager(tiny_ckpt):
+    from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
+
+    model = Qwen3Model.from_pretrained(tiny_ckpt, device="cuda", backend="triton")
+    arena = model.make_arena(64, 16)
+    graphs = DecodeGraphs(model, arena, max_pages_per_seq=8, buckets=[1, 2, 4, 8])
+    graphs.capture()
+    g = torch.Generator().manual_seed(0)
+    lens = [5, 17, 33]
+    seqs = [(torch.randint(0, 256, (n,), generator=g).tolist(), [1 + 8 * i + j for j in range(8)])
+            for i, n in enumerate(lens)]
+    model([SeqInput(ids[:-1], 0, t) for ids, t in seqs], arena)
+    before = arena.data[0].clone()
+    batch = model.make_batch([SeqInput(ids[-1:], len(ids) - 1, t) for ids, t in seqs], arena,
+                             max_pages=8)
+    replayed = graphs.run(batch).clone()             # bucket 4: one padding row
+    eager = model.forward(batch, arena)
+    assert graphs.bucket_for(3) == 4
+    assert (replayed - eager).abs().max().item() <= 1e-4
+    assert torch.equal(arena.data[0], before)        # the padding page was not written
+
+
+def _check(out, ref, ref32, dtype):
+    """fp32: <= 1e-4 from the reference. bf16: the kernel's error against the fp32 truth
+    is at most twice the bf16 reference's own (the FlashAttention test criterion), since
+    the two round P at different points (unnormalised tiles vs normalised rows)."""
+    if dtype == torch.float32:
+        assert (out - ref).abs().max().item() <= 1e-4
+    else:
+        ref_err = (ref.float() - ref32).abs().max().item()
+        assert (out.float() - ref32).abs().max().item() <= 2 * ref_err + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernels_at_qwen3_4b_attention_geometry(dtype):
+    """32 q heads / 8 kv heads / head_dim 128 / 16-token pages, long contexts, on the GPU."""
+    from openinfer.models.qwen3 import kernels as K
+    from openinfer.models.qwen3.kernels import reference as R
+    from openinfer.models.qwen3.kv_arena import KVArena
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    arena = KVArena.allocate(600, 1, 16, 8, 128, dtype, "cuda")
+    arena.data.copy_(torch.randn(arena.data.shape, generator=g, device="cuda").to(dtype))
+    pages = torch.randperm(599, generator=torch.Generator().manual_seed(0)) + 1
+    starts, qlens = [0, 1000, 2001, 7], [333, 300, 1, 64]
+    need = [-(-(s + q) // 16) for s, q in zip(starts, qlens)]
+    bt = torch.zeros(len(need), max(need), dtype=torch.int32)
+    o = 0
+    for i, n in enumerate(need):
+        bt[i, :n] = pages[o:o + n]
+        o += n
+    bt = bt.cuda()
+    lens = torch.tensor([s + q for s, q in zip(starts, qlens)], dtype=torch.int32, device="cuda")
+    qloc = torch.tensor([0] + qlens).cumsum(0).to(torch.int32).cuda()
+    q = torch.randn(int(qloc[-1]), 32, 128, generator=g, device="cuda").to(dtype)
+    out = K.prefill_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, max(qlens), 128 ** -0.5)
+    ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 128 ** -0.5)
+    k32, v32 = arena.k(0).float(), arena.v(0).float()
+    ref32 = R.paged_attention(q.float(), k32, v32, bt, lens, qloc, 128 ** -0.5)
+    _check(out, ref, ref32, dtype)
+    qd = torch.randn(4, 32, 128, generator=g, device="cuda").to(dtype)
+    dloc = torch.arange(5, dtype=torch.int32, device="cuda")
+    ref = R.paged_attention(qd, arena.k(0), arena.v(0), bt, lens, dloc, 128 ** -0.5)
+    ref32 = R.paged_attention(qd.float(), k32, v32, bt, lens, dloc, 128 ** -0.5)
+    for splits in (None, 1, 7):
+        out = K.decode_attention(qd, arena.k(0), arena.v(0), bt, lens, 128 ** -0.5, splits)
+        _check(out, ref, ref32, dtype)

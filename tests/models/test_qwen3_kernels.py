@@ -1,0 +1,159 @@
+"""Every Triton kernel against its torch reference (TRITON_INTERPRET=1 on CPU).
+
+Shapes are small but awkward: odd lengths, prefixes ending mid-page, several sequences
+of different lengths in one launch, pages in shuffled order, tiles (BLOCK_N) spanning
+several pages, batch padding rows on the padding page, strided inputs as the model
+passes them (views of the fused QKV output and of the page-major arena).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from openinfer.models.qwen3 import kernels as K
+from openinfer.models.qwen3.kernels import reference as R
+from openinfer.models.qwen3.kv_arena import KVArena
+from openinfer.models.qwen3.rope import rope_tables
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # set by conftest
+HQ, HK, D = 4, 2, 16
+FP32_ATOL = 1e-5
+# bf16: the GPU rounds like torch (<= 1 ulp apart: different sum order); the interpreter
+# truncates fp32 -> bf16, a bias that compounds over the few roundings of a kernel.
+BF16_TOL = dict(atol=4e-2, rtol=4e-2) if INTERPRET else dict(atol=1e-2, rtol=1e-2)
+
+
+def _arena(device, block_size, num_pages=24, dtype=torch.float32, layers=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = KVArena.allocate(num_pages, layers, block_size, HK, D, dtype, device)
+    a.data.copy_(torch.randn(a.data.shape, generator=g).to(dtype))
+    return a
+
+
+def _paged_batch(seqs, block_size, num_pages, device, seed=0, padding_rows=0):
+    """(start, q_len) per sequence -> block tables over shuffled pages 1.., lens, qloc."""
+    g = torch.Generator().manual_seed(seed)
+    free = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()
+    need = [-(-(s + q) // block_size) for s, q in seqs]
+    width = max(need)
+    tables = [[free.pop() for _ in range(n)] + [0] * (width - n) for n in need]
+    tables += [[0] * width] * padding_rows        # padding rows: padding page, seq_len 1
+    lens = [s + q for s, q in seqs] + [1] * padding_rows
+    qlens = [q for _, q in seqs] + [1] * padding_rows
+    qloc = torch.tensor([0] + qlens).cumsum(0)
+    i32 = dict(dtype=torch.int32, device=device)
+    return (torch.tensor(tables, **i32), torch.tensor(lens, **i32), qloc.to(**i32),
+            int(qloc[-1]))
+
+
+@pytest.mark.parametrize("block_size,block_m,block_n", [(4, 16, 16), (16, 16, 32)])
+def test_prefill_with_cached_prefix(device, block_size, block_m, block_n):
+    # cold (odd length), prefix ending mid-page, page-aligned prefix, 1-token chunk,
+    # and a long chunk that needs several BLOCK_M query tiles.
+    seqs = [(0, 7), (5, 9), (8, 3), (13, 1), (2, 37)]
+    arena = _arena(device, block_size)
+    bt, lens, qloc, T = _paged_batch(seqs, block_size, arena.num_pages, device)
+    q = torch.randn(T, HQ, D, device=device)
+    kc, vc = arena.k(1), arena.v(1)                 # strided views of layer 1
+    out = K.prefill_attention(q, kc, vc, bt, lens, qloc, max(s[1] for s in seqs), 0.25,
+                              block_m=block_m, block_n=block_n)
+    ref = R.paged_attention(q, kc, vc, bt, lens, qloc, 0.25)
+    assert (out - ref).abs().max().item() <= FP32_ATOL
+
+
+def test_prefill_bf16(device):
+    seqs = [(5, 9), (0, 3)]
+    arena = _arena(device, 4, dtype=torch.bfloat16)
+    bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device)
+    q = torch.randn(T, HQ, D, device=device).to(torch.bfloat16)
+    out = K.prefill_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 9, 0.25,
+                              block_m=16, block_n=16)
+    ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
+    torch.testing.assert_close(out, ref, **BF16_TOL)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 4])
+def test_decode_split_kv_with_padding_rows(device, num_splits):
+    seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1)]   # seq lens 5, 17, 33, 1, 11
+    arena = _arena(device, 4)
+    bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=2)
+    q = torch.randn(T, HQ, D, device=device)
+    kc, vc = arena.k(0), arena.v(0)
+    out = K.decode_attention(q, kc, vc, bt, lens, 0.25, num_splits=num_splits, block_n=16)
+    ref = R.paged_attention(q, kc, vc, bt, lens, qloc, 0.25)
+    assert torch.isfinite(out).all()
+    assert (out - ref).abs().max().item() <= FP32_ATOL
+
+
+def test_decode_bf16(device):
+    seqs = [(6, 1), (20, 1), (0, 1)]
+    arena = _arena(device, 4, dtype=torch.bfloat16)
+    bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=1)
+    q = torch.randn(T, HQ, D, device=device).to(torch.bfloat16)
+    out = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=2,
+                             block_n=16)
+    ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
+    torch.testing.assert_close(out, ref, **BF16_TOL)
+
+
+def test_default_num_splits_static():
+    assert K.default_num_splits(1, 8, 40960) == 16
+    assert K.default_num_splits(256, 8, 40960) == 1
+    assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_slot_mapping(device, dtype):
+    arena = _arena(device, 4, dtype=dtype)
+    qkv = torch.randn(7, (HQ + 2 * HK) * D, device=device).to(dtype)
+    k = qkv[:, HQ * D:(HQ + HK) * D].view(7, HK, D)     # strided, as the model passes them
+    v = qkv[:, (HQ + HK) * D:].view(7, HK, D)
+    slots = torch.tensor([5, 6, -1, 7, 8, 41, -1], device=device)  # crosses a page edge
+    got, want = arena.data.clone(), arena.data.clone()
+    for cache, fn in ((got, K.write_kv), (want, R.write_kv)):
+        fn(cache[:, 1, 0], cache[:, 1, 1], k, v, slots)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, arena.data)
+
+
+@pytest.mark.parametrize("n", [64, 48])
+def test_rms_norm_and_fused_residual(device, n):
+    x, res = torch.randn(5, n, device=device), torch.randn(5, n, device=device)
+    w = 1 + 0.1 * torch.randn(n, device=device)
+    out, none = K.rms_norm(x, w, 1e-6)
+    assert none is None and (out - R.rms_norm(x, w, 1e-6)).abs().max() <= FP32_ATOL
+    out, new_res = K.rms_norm(x, w, 1e-6, residual=res)
+    ref, ref_res = R.add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(new_res, ref_res) and (out - ref).abs().max() <= FP32_ATOL
+
+
+def test_rms_norm_bf16(device):
+    x = torch.randn(5, 64, device=device).to(torch.bfloat16)
+    res = torch.randn(5, 64, device=device).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(64, device=device)).to(torch.bfloat16)
+    out, new_res = K.rms_norm(x, w, 1e-6, residual=res)
+    ref, ref_res = R.add_rms_norm(x, res, w, 1e-6)
+    torch.testing.assert_close(new_res, ref_res, **BF16_TOL)
+    torch.testing.assert_close(out, ref, **BF16_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_norm_rope(device, dtype):
+    T = 9
+    qkv = torch.randn(T, (HQ + 2 * HK) * D, device=device).to(dtype)
+    q = qkv[:, :HQ * D].view(T, HQ, D)
+    k = qkv[:, HQ * D:(HQ + HK) * D].view(T, HK, D)
+    wq = (1 + 0.1 * torch.randn(D, device=device)).to(dtype)
+    wk = (1 + 0.1 * torch.randn(D, device=device)).to(dtype)
+    cos, sin = rope_tables(D, 1e6, 512, dtype, device)
+    pos = torch.tensor([0, 1, 2, 3, 77, 78, 300, 301, 511], device=device)
+    got = K.qk_norm_rope(q, k, wq, wk, cos, sin, pos, 1e-6)
+    want = R.qk_norm_rope(q, k, wq, wk, cos, sin, pos, 1e-6)
+    for a, b in zip(got, want):
+        if dtype == torch.float32:
+            assert (a - b).abs().max().item() <= FP32_ATOL
+        else:
+            torch.testing.assert_close(a, b, **BF16_TOL)

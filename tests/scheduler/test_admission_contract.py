@@ -1,0 +1,296 @@
+"""Admission contract tests (spec §5.4, §9.2): lifetime pages, budget, slots, rejections.
+
+bs 16, decode cap 64. ``admit()`` is exercised directly on constructed records and the
+same rules are checked end to end through the engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import BS, make_engine, only_terminal, prompt, sink
+from openinfer.kv import BlockPool, RequestKv, SaveCursor, probe_prefix, salt_hash
+from openinfer.kv.prefix import KvPrefix
+from openinfer.kv.request_kv import ceil_div
+from openinfer.runtime import SimRuntime
+from openinfer.scheduler import EventKind, FinishReason, GenerateRequest, SchedulerConfig
+from openinfer.scheduler.admission import RejectReason, admit, future_draws, lifetime_blocks
+from openinfer.scheduler.records import ActiveRequest, PendingRequest
+
+
+def pending(rt: SimRuntime, rid: int, n: int, m: int, **kw) -> PendingRequest:  # type: ignore[no-untyped-def]
+    return PendingRequest(rid, GenerateRequest(prompt(n, base=1000 * rid), m, **kw), sink(rt, rid), 0.0, hashes=[])
+
+
+def active_with_page(rt: SimRuntime, pool: BlockPool, rid: int, n: int, m: int, generated: int) -> ActiveRequest:
+    """An active record whose prompt pages are really drawn from ``pool``."""
+    req = GenerateRequest(prompt(n, base=1000 * rid), m)
+    kv = RequestKv(pool, req.prompt, m, salt_hash())
+    assert kv.schedule_prefill(n)
+    kv.apply_prefill(next_token=7)
+    return ActiveRequest(rid, req, sink(rt, rid), kv, SaveCursor(), 7, generated, 0.0)
+
+
+# -- kv_budget_distinguishes_written_tokens_from_lifetime_blocks ---------------------------
+def test_kv_budget_distinguishes_written_tokens_from_lifetime_blocks() -> None:
+    # (16, 1): 16 KV tokens written, 1 block for life.
+    assert lifetime_blocks(16, 1, BS) == 1
+    # (16, 17): at most 16 + 17 - 1 = 32 KV tokens written, but the lifetime is 3 blocks
+    # (kvbm provisions a page for the final dangling token).
+    assert lifetime_blocks(16, 17, BS) == 3
+    assert ceil_div(16 + 17 - 1, BS) == 2
+
+    rig = make_engine(num_blocks=64, prefix_cache=False)
+    h1 = rig.submit(prompt(16, 1), 1)
+    h2 = rig.submit(prompt(16, 500), 17)
+    rig.run()
+    assert only_terminal(h1).kind is EventKind.FINISHED
+    assert only_terminal(h2).kind is EventKind.FINISHED
+    assert rig.kv_written[h1.req_id] == 16 and rig.peaks[h1.req_id] == 1
+    assert rig.kv_written[h2.req_id] == 32 and rig.peaks[h2.req_id] == 3
+
+    # Active current tokens = prompt + generated - 1; the future draw is lifetime minus that.
+    rt = SimRuntime()
+    pool = BlockPool(BS, 20)
+    a = active_with_page(rt, pool, 1, 16, 17, generated=1)
+    assert future_draws([a], [], BS) == 3 - ceil_div(16 + 1 - 1, BS) == 2
+    a.generated = 2  # 17 tokens of KV: second page now counted as written
+    assert future_draws([a], [], BS) == 3 - ceil_div(17, BS) == 1
+    a.kv.release()
+
+
+# -- admission_splits_deferred_into_pending_deferred_and_rejected --------------------------
+def test_admit_splits_deferred_into_admitted_deferred_and_rejected_direct() -> None:
+    rt = SimRuntime()
+    pool = BlockPool(BS, 6)                       # 5 usable pages (one is padding)
+    a = active_with_page(rt, pool, 9, 16, 17, generated=1)  # holds 1 page, 2 more to come
+    assert pool.available_blocks() == 4
+    q = [pending(rt, 1, 16, 1), pending(rt, 2, 16, 1), pending(rt, 3, 16, 1),
+         pending(rt, 4, 96, 1),                   # lifetime 6 > 5: can never fit
+         pending(rt, 5, 8, 1)]
+    res = admit(q, [a], [], pool, 0, SchedulerConfig(max_decode_batch=64))
+    # budget = 4 available - 2 reserved for the active request's growth = 2
+    assert [p.id for p in res.admitted] == [1, 2]
+    assert [p.id for p in res.deferred] == [3, 5]
+    assert [(p.id, r) for p, r, _ in res.rejected] == [(4, RejectReason.KV_BUDGET)]
+    assert "6" in res.rejected[0][2] and "5" in res.rejected[0][2]
+    a.kv.release()
+
+
+def test_admit_is_fcfs_with_skipping() -> None:
+    """A large request that does not fit does not block smaller ones behind it."""
+    rt = SimRuntime()
+    pool = BlockPool(BS, 6)
+    a = active_with_page(rt, pool, 9, 16, 17, generated=1)
+    q = [pending(rt, 1, 40, 1), pending(rt, 2, 16, 1), pending(rt, 3, 16, 1)]  # 3, 1, 1 pages
+    res = admit(q, [a], [], pool, 0, SchedulerConfig(max_decode_batch=64))
+    assert [p.id for p in res.admitted] == [2, 3]
+    assert [p.id for p in res.deferred] == [1]
+    assert not res.rejected
+    a.kv.release()
+
+
+def test_admit_counts_prefilling_future_and_credits_own_hold() -> None:
+    rt = SimRuntime()
+    pool = BlockPool(BS, 10)                       # 9 usable
+    # Put 2 blocks of a prompt in the GPU radix, then pin them with a probe (a resolve hold).
+    p_tokens = prompt(40, base=7000)
+    kv = RequestKv(pool, p_tokens, 1, salt_hash())
+    assert kv.schedule_prefill(40)
+    kv.apply_prefill(next_token=1)
+    kv.release()                                    # 2 registered blocks -> inactive
+    req = GenerateRequest(p_tokens, 40)             # lifetime ceil(80/16) = 5
+    held = PendingRequest(1, req, sink(rt, 1), 0.0, hashes=kv.hashes[:2])
+    probe = probe_prefix(pool, held.hashes, 40)
+    held.kv_prefix = KvPrefix(2 * BS, probe, 0)
+    assert pool.available_blocks() == 7             # 9 - 2 pinned by the hold
+    # A prefilling request with 1 of its 4 lifetime pages written: 3 still to draw.
+    pf = pending(rt, 2, 48, 16)
+    pf.prefill_pos = 16
+    assert future_draws([], [pf], BS) == 4 - 1
+    # budget = 7 - 3 = 4; fresh = 5 - 2 (its own hold's credit) = 3 fits, leaving 1 for `other`.
+    other = pending(rt, 3, 16, 1)                    # 1 page
+    cfg = SchedulerConfig(max_decode_batch=64)
+    res = admit([held, other], [], [pf], pool, 0, cfg)
+    assert [p.id for p in res.admitted] == [1, 3]
+    # The credit is the request's OWN hold: the same request without it needs 5 > 4.
+    uncredited = PendingRequest(4, req, sink(rt, 4), 0.0, hashes=[])
+    res2 = admit([uncredited, pending(rt, 5, 16, 1)], [], [pf], pool, 0, cfg)
+    assert [p.id for p in res2.deferred] == [4]
+    assert [p.id for p in res2.admitted] == [5]
+    held.kv_prefix.release()
+    assert pool.available_blocks() == 9
+
+
+def test_admission_splits_via_engine() -> None:
+    """End to end: a 5-usable-page pool with a growing active request admits, defers, rejects."""
+    rig = make_engine(num_blocks=6, prefix_cache=False)
+    a = rig.submit(prompt(16, 1), 17)                # lifetime 3
+    rig.run(until=0.001)                             # a is prefilling
+    small = [rig.submit(prompt(16, 100 * (i + 1)), 1) for i in range(3)]  # 1 page each
+    big = rig.submit(prompt(96, 900), 1)              # lifetime 6 > 5
+    admitted_at: dict[int, int] = {}
+
+    def obs(kind, data):  # type: ignore[no-untyped-def]
+        if kind == "admission":
+            for p in data["result"].admitted:
+                admitted_at.setdefault(p.id, rig.eng.ticks)
+    rig.eng.observers.append(obs)
+    rig.run()
+    assert only_terminal(big).kind is EventKind.REJECTED
+    assert "pool can never hold" in (only_terminal(big).message or "")
+    for h in [a, *small]:
+        assert only_terminal(h).kind is EventKind.FINISHED
+    # With a's 2 future pages reserved only 2 of the 3 small ones fit alongside it at first.
+    first_tick = min(admitted_at[h.req_id] for h in small)
+    assert sorted(admitted_at[h.req_id] == first_tick for h in small) == [False, True, True]
+    assert rig.at_rest()
+
+
+# -- requests_exceeding_context_window_are_rejected ----------------------------------------
+@pytest.mark.parametrize("n,m,ok", [(16, 16, True), (16, 17, False), (40, 1, False)])
+def test_requests_exceeding_context_window_are_rejected(n: int, m: int, ok: bool) -> None:
+    rig = make_engine(max_context_tokens=32)
+    h = rig.submit(prompt(n, 1), m)
+    good = rig.submit(prompt(8, 500), 2)
+    rig.run()
+    t = only_terminal(h)
+    if ok:
+        assert t.kind is EventKind.FINISHED and t.reason is FinishReason.LENGTH
+        assert len(h.tokens()) == m
+    else:
+        assert t.kind is EventKind.REJECTED
+        assert EventKind.SCHEDULED not in [e.kind for e in h.events]
+        assert "max_context_tokens" in (t.message or "")
+    assert only_terminal(good).kind is EventKind.FINISHED
+    assert rig.at_rest()
+
+
+def test_context_window_rejection_direct() -> None:
+    rt = SimRuntime()
+    pool = BlockPool(BS, 50)
+    cfg = SchedulerConfig(max_decode_batch=64, max_context_tokens=32)
+    res = admit([pending(rt, 1, 16, 16), pending(rt, 2, 16, 17), pending(rt, 3, 40, 1)], [], [], pool, 0, cfg)
+    assert [p.id for p in res.admitted] == [1]
+    assert [(p.id, r) for p, r, _ in res.rejected] == [(2, RejectReason.CONTEXT_LENGTH),
+                                                       (3, RejectReason.CONTEXT_LENGTH)]
+
+
+# -- admission_respects_decode_batch_capacity ----------------------------------------------
+def test_admission_respects_decode_batch_capacity_direct() -> None:
+    rt = SimRuntime()
+    pool = BlockPool(BS, 400)
+    actives = [ActiveRequest(i, GenerateRequest([1] * 4, 8), sink(rt, i), None, SaveCursor(), 1, 1, 0.0)  # type: ignore[arg-type]
+               for i in range(64)]
+    res = admit([pending(rt, 100, 4, 1)], actives, [], pool, 0, SchedulerConfig(max_decode_batch=64))
+    assert [p.id for p in res.deferred] == [100] and not res.admitted and not res.rejected
+    res = admit([pending(rt, 100, 4, 1)], actives[:63], [], pool, 0, SchedulerConfig(max_decode_batch=64))
+    assert [p.id for p in res.admitted] == [100]
+
+
+def test_admission_respects_decode_batch_capacity_engine() -> None:
+    rig = make_engine(num_blocks=800, prefix_cache=False)
+    hs = [rig.submit(prompt(4, 10 * i + 1), 30) for i in range(64)]
+    rig.run(until=0.02)
+    assert len(rig.eng.active) == 64
+    extra = rig.submit(prompt(4, 9000), 2)
+    rig.run(until=rig.rt.now() + 0.02)
+    assert [p.id for p in rig.eng.deferred] == [extra.req_id]   # deferred, not rejected
+    assert extra.events == []
+    assert max(n for _, _, _, n in rig.ex.log) == 64            # never more than the cap
+    rig.run()
+    assert only_terminal(extra).kind is EventKind.FINISHED
+    assert all(only_terminal(h).kind is EventKind.FINISHED for h in hs)
+    assert max(n for _, _, _, n in rig.ex.log) <= 64
+    assert rig.at_rest()
+
+
+# -- oversized_echo_request_is_rejected_at_admission ---------------------------------------
+def test_oversized_echo_request_is_rejected_at_admission() -> None:
+    rig = make_engine(max_prefill_tokens=32)
+    echo = rig.submit(prompt(33, 1), 1, echo=True)
+    plain = rig.submit(prompt(64, 500), 2)
+    small_echo = rig.submit(prompt(32, 900), 1, echo=True)
+    rig.run()
+    t = only_terminal(echo)
+    assert t.kind is EventKind.REJECTED and "max_prefill_tokens" in (t.message or "")
+    assert only_terminal(plain).kind is EventKind.FINISHED
+    assert only_terminal(small_echo).kind is EventKind.FINISHED
+    assert EventKind.PROMPT_TOKENS in [e.kind for e in small_echo.events]
+    assert rig.at_rest()
+
+    rt = SimRuntime()
+    res = admit([pending(rt, 1, 33, 1, echo=True), pending(rt, 2, 64, 1)], [], [], BlockPool(BS, 50), 0,
+                SchedulerConfig(max_decode_batch=64, max_prefill_tokens=32))
+    assert [(p.id, r) for p, r, _ in res.rejected] == [(1, RejectReason.ECHO_PREFILL_TOKENS)]
+    assert [p.id for p in res.admitted] == [2]
+
+
+# -- page_boundary_lifetime_blocks_gate_admission ------------------------------------------
+@pytest.mark.parametrize("num_blocks,admitted", [(3, False), (4, True)])
+def test_page_boundary_lifetime_blocks_gate_admission(num_blocks: int, admitted: bool) -> None:
+    """(16, 17) needs 3 pages: a 3-page pool (2 usable) rejects it, a 4-page pool runs it."""
+    rig = make_engine(num_blocks=num_blocks)
+    h = rig.submit(prompt(16, 1), 17)
+    rig.run()
+    t = only_terminal(h)
+    if admitted:
+        assert t.kind is EventKind.FINISHED and len(h.tokens()) == 17
+        assert rig.peaks[h.req_id] == 3
+    else:
+        assert t.kind is EventKind.REJECTED
+        assert "3" in (t.message or "") and "2" in (t.message or "")
+    assert rig.at_rest()
+
+
+# -- lifetime_blocks_match_kvbm_peak_draw ---------------------------------------------------
+@pytest.mark.parametrize("n,m", [(16, 17), (1, 16), (17, 16), (33, 100)])
+def test_lifetime_blocks_match_real_peak_draw_at_issue_boundaries(n: int, m: int) -> None:
+    rig = make_engine(num_blocks=64)
+    h = rig.submit(prompt(n, 1), m)
+    rig.run()
+    assert only_terminal(h).kind is EventKind.FINISHED
+    assert rig.peaks[h.req_id] == lifetime_blocks(n, m, BS)
+    # the old prompt + max - 1 arithmetic (#335) is one page short when the final dangling
+    # token opens a page ((16,17), (1,16), (17,16)); elsewhere the two agree
+    old = ceil_div(n + m - 1, BS)
+    assert old == rig.peaks[h.req_id] - (1 if (n + m) % BS == 1 else 0)
+
+
+def test_lifetime_blocks_never_under_reserve_real_peak_draw() -> None:
+    """prompt, max in 1..64 through the engine, one big tier-less pool, all concurrently."""
+    rig = make_engine(num_blocks=20000, decode_cap=256)
+    hs = {}
+    for n in range(1, 65):
+        for m in range(1, 65):
+            # a unique first token per request: no two requests share a block
+            toks = [n * 100 + m] + [7] * (n - 1)
+            hs[(n, m)] = rig.submit(toks, m)
+    rig.run()
+    under = []
+    for (n, m), h in hs.items():
+        assert only_terminal(h).kind is EventKind.FINISHED, (n, m)
+        peak = rig.peaks[h.req_id]
+        if peak > lifetime_blocks(n, m, BS):
+            under.append((n, m, peak, lifetime_blocks(n, m, BS)))
+    assert under == []
+    assert rig.at_rest()
+
+
+def test_rejected_request_drops_its_prefix_hold() -> None:
+    """A request rejected at admission (context window) after its resolve pinned a GPU hit
+    must release that hold: the pool returns to every usable page (H16)."""
+    rig = make_engine(num_blocks=40, max_context_tokens=64)
+    warm = rig.submit(prompt(49, 1), 2)               # registers 3 blocks of the prompt
+    rig.run()
+    assert only_terminal(warm).kind is EventKind.FINISHED
+    hits_before = rig.store.stats.resolve_hits
+    too_long = rig.submit(prompt(49, 1), 20)          # 49 + 20 > 64: rejected, but resolved first
+    rig.run()
+    assert rig.store.stats.resolve_hits == hits_before + 1   # it did hold the cached prefix
+    t = only_terminal(too_long)
+    assert t.kind is EventKind.REJECTED and "max_context_tokens" in (t.message or "")
+    assert rig.at_rest()
+    again = rig.submit(prompt(49, 1), 2)              # and the prefix is still matchable
+    rig.run()
+    assert next(e for e in again.events if e.kind is EventKind.SCHEDULED).cached_tokens == 48

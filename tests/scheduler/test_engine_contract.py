@@ -1,0 +1,327 @@
+"""Engine contract tests (spec §5.1, §5.3, §5.7, §5.8, §9.2): events, resolves, failures,
+retirement, stop tokens, bad input, client cancel, load snapshot. bs 16, decode cap 64."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import at, kinds, make_engine, only_terminal, prompt, run_until, terminals
+from openinfer.kv import Gate
+from openinfer.scheduler import EventKind, FinishReason, SamplingParams
+
+EOS = 151645
+
+
+def assert_serves(rig, base: int = 77000) -> None:  # type: ignore[no-untyped-def]
+    """The engine still serves a good request to Finished."""
+    h = rig.submit(prompt(20, base), 3)
+    rig.run()
+    t = only_terminal(h)
+    assert t.kind is EventKind.FINISHED and t.reason is FinishReason.LENGTH and len(h.tokens()) == 3
+
+
+# -- events ----------------------------------------------------------------------------------
+def test_event_stream_shape_and_length_finish() -> None:
+    rig = make_engine()
+    h = rig.submit(prompt(40, 1), 5)
+    rig.run()
+    assert kinds(h) == [EventKind.SCHEDULED] + [EventKind.TOKEN] * 5 + [EventKind.FINISHED]
+    t = only_terminal(h)
+    assert t.reason is FinishReason.LENGTH and t.completion_tokens == 5
+    assert EOS not in h.tokens()
+    assert rig.at_rest()
+
+
+def test_max_tokens_one_emits_and_finishes_at_prefill() -> None:
+    rig = make_engine()
+    h = rig.submit(prompt(40, 1), 1)
+    rig.run()
+    assert kinds(h) == [EventKind.SCHEDULED, EventKind.TOKEN, EventKind.FINISHED]
+    assert only_terminal(h).completion_tokens == 1
+    assert rig.at_rest()
+
+
+# -- echo_requests_are_never_resolved_against_the_store ------------------------------------
+def test_echo_requests_are_never_resolved_against_the_store() -> None:
+    rig = make_engine()
+    before = rig.store.stats.resolves
+    e = rig.submit(prompt(40, 1), 2, echo=True)
+    assert rig.eng.snapshot().resolving == 0
+    rig.run()
+    assert rig.store.stats.resolves == before
+    assert only_terminal(e).kind is EventKind.FINISHED and EventKind.PROMPT_TOKENS in kinds(e)
+    sched = next(ev for ev in e.events if ev.kind is EventKind.SCHEDULED)
+    assert sched.cached_tokens == 0
+
+    # a plain request is resolved (in flight 1, then back with a 0-token hold: cold radix)
+    p = rig.submit(prompt(40, 5000), 2)
+    rig.run(until=rig.rt.now() + 1e-9)
+    assert rig.store.stats.resolves == before + 1
+    rig.run()
+    assert only_terminal(p).kind is EventKind.FINISHED
+    assert rig.store.stats.resolve_hits == 0
+
+    # the same echo prompt again: still no resolve, and no prefix match (cached 0)
+    e2 = rig.submit(prompt(40, 1), 2, echo=True)
+    rig.run()
+    assert rig.store.stats.resolves == before + 1
+    assert next(ev for ev in e2.events if ev.kind is EventKind.SCHEDULED).cached_tokens == 0
+    assert rig.at_rest()
+
+
+def test_plain_request_resolve_is_in_flight_then_settles_with_empty_hold() -> None:
+    rig = make_engine()
+    p = rig.submit(prompt(40, 5000), 2)
+    for _ in range(1000):                        # step event by event to catch the resolve
+        if rig.eng.hub.in_flight():
+            break
+        rig.rt.env.step()
+    assert rig.eng.hub.in_flight() == 1
+    assert rig.eng.snapshot().waiting == 1
+    rig.run()
+    assert rig.store.stats.resolves == 1 and rig.store.stats.resolve_hits == 0
+    assert next(e for e in p.events if e.kind is EventKind.SCHEDULED).cached_tokens == 0
+    assert only_terminal(p).kind is EventKind.FINISHED
+
+
+# -- unknown_lora_request_is_rejected_without_blocking_base_request -------------------------
+def test_unknown_lora_request_is_rejected_without_blocking_base_request() -> None:
+    rig = make_engine()
+    bad = rig.submit(prompt(40, 1), 4, lora="X")
+    base = rig.submit(prompt(40, 1), 4)
+    rig.run()
+    t = only_terminal(bad)
+    assert t.kind is EventKind.REJECTED and t.message == "LoRA adapter is not loaded: X"
+    assert EventKind.SCHEDULED not in kinds(bad)
+    assert only_terminal(base).kind is EventKind.FINISHED
+    assert rig.at_rest()
+
+
+def test_loaded_lora_request_runs() -> None:
+    rig = make_engine()
+    assert rig.ex.load_adapter("A") is None
+    h = rig.submit(prompt(40, 1), 4, lora="A")
+    rig.run()
+    assert only_terminal(h).kind is EventKind.FINISHED
+
+
+# -- decode_error_drops_request_state_and_scheduler_recovers -------------------------------
+def test_decode_error_drops_request_state_and_scheduler_recovers() -> None:
+    rig = make_engine(num_blocks=40)
+    rig.ex.fail_steps = {2}                  # step 1 = prefill, step 2 = first decode
+    h = rig.submit(prompt(40, 1), 10)
+    rig.run()
+    t = only_terminal(h)
+    assert t.kind is EventKind.ERROR and t.completion_tokens == 1 and t.message
+    assert kinds(h) == [EventKind.SCHEDULED, EventKind.TOKEN, EventKind.ERROR]
+    assert rig.eng.active == [] and rig.eng.prefilling == []
+    assert rig.pool.available_blocks() == rig.pool.max_request_blocks()
+    assert rig.at_rest()
+    assert_serves(rig)
+    assert rig.at_rest()
+
+
+def test_prefill_error_fails_its_pending_and_recovers() -> None:
+    rig = make_engine(num_blocks=40)
+    rig.ex.fail_steps = {1}
+    h = rig.submit(prompt(40, 1), 10)
+    rig.run()
+    assert kinds(h) == [EventKind.ERROR]
+    assert rig.at_rest()
+    assert_serves(rig)
+
+
+def test_decode_error_fails_every_active_request() -> None:
+    rig = make_engine(num_blocks=80)
+    hs = [rig.submit(prompt(20, 1000 * (i + 1)), 10) for i in range(3)]
+    rig.ex.fail_steps = {3}
+    rig.run()
+    assert [only_terminal(h).kind for h in hs] == [EventKind.ERROR] * 3
+    assert rig.at_rest()
+    assert_serves(rig)
+
+
+# Regression (bug S1, found by this test): the Rust loop cleared `active` after any failed
+# step, so a forced prefill-only step's failure dropped decodes that were not in it.
+def test_failed_forced_prefill_step_does_not_lose_active_requests() -> None:
+    """An echo+logprobs request forces a Prefill-only plan while another request decodes;
+    if that step fails, the decoding request must still reach exactly one terminal event
+    (it was not part of the step: it should keep decoding) and the pool must return."""
+    rig = make_engine(num_blocks=40)
+    a = rig.submit(prompt(39, 1), 20)
+    run_until(rig, lambda: len(rig.eng.active) == 1)
+    rig.ex.step_failure = lambda plan: "boom" if any(r.all_logits for r in plan.prefill) else None
+    b = rig.submit(prompt(20, 500), 3, echo=True, logprobs=True)
+    rig.run()
+    assert kinds(b) == [EventKind.ERROR]
+    assert len(terminals(a)) == 1
+    assert rig.at_rest()
+
+
+# -- retiring_multiple_active_requests_tolerates_unsorted_indices --------------------------
+def test_retiring_multiple_requests_finishing_in_the_same_step() -> None:
+    rig = make_engine(num_blocks=80)
+    maxes = [5, 10, 5, 10, 5]
+    hs = [rig.submit(prompt(20, 1000 * (i + 1)), m) for i, m in enumerate(maxes)]
+    rig.ex.stop_after[hs[3].req_id] = 4      # a STOP in the same step as three LENGTH finishes
+    finish_steps: dict[int, int] = {}
+    rig.eng.observers.append(
+        lambda k, d: finish_steps.setdefault(d["event"].req_id, rig.eng.steps) if k == "terminal" else None)
+    rig.run()
+    for h, m in zip(hs, maxes):
+        t = only_terminal(h)
+        assert t.kind is EventKind.FINISHED
+    assert {finish_steps[hs[i].req_id] for i in (0, 2, 4, 3)} == {finish_steps[hs[0].req_id]}
+    assert only_terminal(hs[3]).reason is FinishReason.STOP
+    assert [len(h.tokens()) for h in hs] == [5, 10, 5, 4, 5]
+    assert only_terminal(hs[1]).reason is FinishReason.LENGTH
+    assert rig.at_rest()
+
+
+# -- stop tokens -------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_stop_token_mid_stream_finishes_with_stop_and_eos_not_emitted(k: int) -> None:
+    rig = make_engine()
+    h = rig.submit(prompt(40, 1), 20)
+    rig.ex.stop_after[h.req_id] = k
+    rig.run()
+    t = only_terminal(h)
+    assert t.kind is EventKind.FINISHED and t.reason is FinishReason.STOP
+    assert len(h.tokens()) == k and EOS not in h.tokens()
+    assert t.completion_tokens == k + 1          # completion = generated + 1 (the EOS row)
+    assert rig.at_rest()
+
+
+def test_stop_token_as_first_token_finishes_at_prefill() -> None:
+    rig = make_engine()
+    h = rig.submit(prompt(40, 1), 20)
+    rig.ex.stop_after[h.req_id] = 0
+    rig.run()
+    assert kinds(h) == [EventKind.SCHEDULED, EventKind.FINISHED]
+    t = only_terminal(h)
+    assert t.reason is FinishReason.STOP and t.completion_tokens == 0
+    assert rig.at_rest()
+
+
+def test_ignore_eos_keeps_going_to_length() -> None:
+    rig = make_engine()
+    h = rig.submit(prompt(40, 1), 10, params=SamplingParams(ignore_eos=True))
+    rig.ex.stop_after[h.req_id] = 3
+    rig.run()
+    t = only_terminal(h)
+    assert t.reason is FinishReason.LENGTH and len(h.tokens()) == 10
+    assert h.tokens()[3] == EOS                  # the stop token is kept as an ordinary token
+    assert rig.at_rest()
+
+
+# -- bad input --------------------------------------------------------------------------------
+BAD = [
+    (dict(prompt=[], max_tokens=4), "prompt"),
+    (dict(prompt=prompt(8), max_tokens=0), "max_tokens"),
+    (dict(prompt=prompt(8), max_tokens=-3), "max_tokens"),
+    (dict(prompt=[1, 2, 3, 151936, 5], max_tokens=4), "prompt[3]"),
+    (dict(prompt=[1, 2, -1], max_tokens=4), "prompt[2]"),
+    (dict(prompt=prompt(8), max_tokens=4, params=SamplingParams(temperature=-1.0)), "temperature"),
+    (dict(prompt=prompt(8), max_tokens=4, params=SamplingParams(top_p=0.0)), "top_p"),
+    (dict(prompt=prompt(8), max_tokens=4, params=SamplingParams(top_k=-1)), "top_k"),
+]
+
+
+@pytest.mark.parametrize("kw,field", BAD, ids=[f for _, f in BAD])
+def test_bad_input_is_rejected_naming_the_field(kw: dict, field: str) -> None:
+    rig = make_engine()
+    h = rig.submit(kw.pop("prompt"), kw.pop("max_tokens"), **kw)
+    rig.run()
+    t = only_terminal(h)
+    assert kinds(h) == [EventKind.REJECTED]
+    assert field in (t.message or ""), t.message
+    assert rig.store.stats.resolves == 0
+    assert_serves(rig)
+    assert rig.at_rest()
+
+
+# -- client cancel ------------------------------------------------------------------------
+def test_client_cancel_mid_decode() -> None:
+    rig = make_engine(num_blocks=40)
+    a = rig.submit(prompt(40, 1), 50)
+    b = rig.submit(prompt(40, 5000), 12)
+    run_until(rig, lambda: len(a.tokens()) >= 3)
+    a.cancel()
+    rig.run()
+    assert terminals(a) == []
+    assert 3 <= len(a.tokens()) < 50
+    tb = only_terminal(b)
+    assert tb.kind is EventKind.FINISHED and len(b.tokens()) == 12
+    assert rig.eng.active == [] and not rig.eng.has_work()
+    assert rig.at_rest()
+
+
+def test_client_cancel_mid_chunked_prefill() -> None:
+    rig = make_engine(num_blocks=40, max_prefill_tokens=32)
+    a = rig.submit(prompt(100, 1), 5)
+    b = rig.submit(prompt(20, 5000), 3)
+    at(rig.rt, 0.0015, a.cancel)                 # after the first 32-token chunk
+    rig.run()
+    assert terminals(a) == [] and a.tokens() == []
+    assert only_terminal(b).kind is EventKind.FINISHED
+    assert rig.at_rest()
+
+
+def test_client_cancel_before_admission() -> None:
+    rig = make_engine(num_blocks=8, prefix_cache=False)
+    big = rig.submit(prompt(60, 1), 40)           # lifetime 7 = every usable page
+    waiting = rig.submit(prompt(20, 5000), 3)
+    run_until(rig, lambda: rig.eng.deferred != [])
+    waiting.cancel()
+    rig.run()
+    assert terminals(waiting) == []
+    assert only_terminal(big).kind is EventKind.FINISHED
+    assert rig.at_rest()
+
+
+# -- load snapshot --------------------------------------------------------------------------
+def test_load_snapshot_counts_in_flight_resolves_as_waiting() -> None:
+    rig = make_engine(tier=True)
+    gate = rig.host.ports.install("query", Gate(rig.rt))  # type: ignore[union-attr]
+    h1 = rig.submit(prompt(40, 1), 3)              # 2 cacheable blocks: asks the host tier
+    h2 = rig.submit(prompt(40, 5000), 3)
+    run_until(rig, lambda: len(gate.waiting) == 2)
+    rig.run(until=rig.rt.now() + 0.05)
+    snap = rig.eng.snapshot()
+    assert snap.resolving == 2 and snap.waiting == 2 and snap.running == 0
+    assert h1.events == [] and h2.events == []
+    gate.open_gate()
+    rig.run()
+    assert only_terminal(h1).kind is EventKind.FINISHED
+    assert only_terminal(h2).kind is EventKind.FINISHED
+    snap = rig.eng.snapshot()
+    assert (snap.waiting, snap.running, snap.resolving) == (0, 0, 0)
+    assert rig.at_rest()
+
+
+# Regression: a settled-but-undrained resolve was invisible to the load snapshot (H13 shape).
+def test_load_snapshot_counts_settled_but_undrained_resolves() -> None:
+    rig = make_engine(tier=True)
+    gate = rig.host.ports.install("query", Gate(rig.rt))  # type: ignore[union-attr]
+    h = rig.submit(prompt(40, 1), 3)
+    run_until(rig, lambda: len(gate.waiting) == 1)
+    assert rig.eng.snapshot().waiting == 1
+    gate.release(1)
+    while rig.eng.hub.in_flight():               # the resolve settles; the engine is parked
+        rig.rt.env.step()
+    snap = rig.eng.snapshot()
+    accepted_not_done = 0 if terminals(h) else 1
+    assert snap.waiting + snap.running == accepted_not_done == 1
+    assert rig.eng.has_work()
+
+
+def test_load_snapshot_counts_deferred_and_running() -> None:
+    rig = make_engine(num_blocks=8, prefix_cache=False)
+    rig.submit(prompt(60, 1), 40)                  # takes every usable page for life
+    rig.submit(prompt(20, 5000), 3)
+    run_until(rig, lambda: rig.eng.deferred != [] and rig.eng.active != [])
+    snap = rig.eng.snapshot()
+    assert (snap.running, snap.waiting, snap.resolving) == (1, 1, 0)
+    assert snap.used_blocks == rig.pool.total_blocks() - rig.pool.available_blocks()
+    rig.run()
+    assert rig.at_rest()
