@@ -276,7 +276,13 @@ class PageRefs:
 
     @classmethod
     def guard(cls, pool: BlockPool, pages: Sequence[int]) -> PageRefs:
-        """Take a new strong reference to each page (a KvBlockGuard per page)."""
-        for page in pages:
-            pool.acquire(page)
+        """Take a new strong reference to each page (a KvBlockGuard per page); all or none."""
+        taken: list[int] = []
+        try:
+            for page in pages:
+                pool.acquire(page)
+                taken.append(page)
+        except AccountingError:
+            pool.release_all(taken)
+            raise
         return cls(pool, list(pages))
