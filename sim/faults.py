@@ -32,6 +32,7 @@ class FaultSpec:
     heal_s: float = math.inf
     probability: float = 1.0
     delay_s: float = 0.05
+    match: str = ""  # only operations whose description contains this (a step kind, a hash prefix)
 
     def __post_init__(self) -> None:
         require(self.port in FAULT_PORTS, "fault.port", self.port, f"one of {', '.join(FAULT_PORTS)}")
@@ -48,7 +49,8 @@ class FaultSpec:
     def describe(self) -> str:
         heal = "never" if math.isinf(self.heal_s) else f"{self.heal_s:.3f}s"
         p = "" if self.probability >= 1 else f" p={self.probability:.2f}"
-        return f"{self.kind} {self.port} [{self.start_s:.3f}s, {heal}){p}"
+        only = f" only {self.match!r}" if self.match else ""
+        return f"{self.kind} {self.port}{only} [{self.start_s:.3f}s, {heal}){p}"
 
 
 class FaultHook:
@@ -63,7 +65,8 @@ class FaultHook:
     def enter(self, port: str, what: str) -> Generator[Event, Any, str | None]:
         spec = self.spec
         now = self.rt.now()
-        if not spec.active(now) or (spec.probability < 1.0 and self.rng.random() >= spec.probability):
+        if not spec.active(now) or spec.match not in what or (
+                spec.probability < 1.0 and self.rng.random() >= spec.probability):
             return None
         self.hits += 1
         if spec.kind == "error":
@@ -78,7 +81,8 @@ class FaultHook:
 
     def step_failure(self, plan: object) -> str | None:
         now = self.rt.now()
-        if self.spec.kind == "error" and self.spec.active(now) and (
+        kind = getattr(getattr(plan, "kind", None), "value", "")
+        if self.spec.kind == "error" and self.spec.active(now) and self.spec.match in kind and (
                 self.spec.probability >= 1.0 or self.rng.random() < self.spec.probability):
             self.hits += 1
             return "injected step error"

@@ -6,6 +6,7 @@ which stops the run with the invariant's name. The names are the hunter's report
 
 Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
 ``single_terminal_event``, ``admitted_draw_never_fails``, ``kv_ready_after_registration``,
+``barrier_covers_prior_saves``,
 ``control_linearizability``, ``single_charge_admission``, ``load_snapshot_counts_resolves``,
 ``resolve_observes_cancel``. Liveness (only once every fault has healed):
 ``admission_liveness``, ``bounded_terminal_event``. End of run: ``quiescence``,
@@ -26,10 +27,16 @@ from openinfer.scheduler.request import EventKind
 
 INVARIANTS = (
     "page_conservation", "held_page_integrity", "single_terminal_event", "admitted_draw_never_fails",
-    "kv_ready_after_registration", "control_linearizability", "single_charge_admission",
+    "kv_ready_after_registration", "barrier_covers_prior_saves", "control_linearizability", "single_charge_admission",
     "load_snapshot_counts_resolves", "resolve_observes_cancel", "admission_liveness",
     "bounded_terminal_event", "quiescence", "no_lease_leak", "teardown_drains_loads",
 )
+
+
+def _failed(rec: Any) -> bool:
+    """A save that ended in a reported failure (copy error, dropped or failed registration):
+    no barrier can make it visible; the request that sealed it answers for it."""
+    return (rec.done.triggered and not rec.done.value.ok) or "registration" in rec.extra
 
 
 class InvariantViolation(Exception):
@@ -76,6 +83,7 @@ class Monitor:
         self._stalled_ticks = 0
         self._ticks = 0
         self._last_note = ""
+        self._saves: list[Any] = []
         self._repeats = 0
         engine.observers.append(self.on_engine)
         store.observers.append(self.on_store)
@@ -247,11 +255,26 @@ class Monitor:
 
     # -- store events -----------------------------------------------------------------
     def on_store(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "load_started":
+        if kind == "save_submitted":
+            self._saves.append(data["record"])
+        elif kind == "barrier_done":
+            self._check_barrier(data["outcome"])
+        elif kind == "load_started":
             r = self.by_resolve_id.get(data["req_id"])
             if r is not None and r.pending.sink.is_closed():
                 self.fail("resolve_observes_cancel",
                           f"r{r.pending.id}'s resolve started a {data['blocks']}-block load after its cancel")
+
+    def _check_barrier(self, outcome: Any) -> None:
+        """A barrier that says ok vouches for every save submitted before it started."""
+        self._saves = [r for r in self._saves if r.registered_at is None and not _failed(r)]
+        if not outcome.ok:
+            return
+        late = [r for r in self._saves if r.submitted_at <= outcome.started_at]
+        if late:
+            self.fail("barrier_covers_prior_saves",
+                      f"a flush barrier started at {outcome.started_at:.4f}s reported ok while {len(late)} "
+                      f"earlier save(s) were not visible and registered")
 
     # -- end of run -------------------------------------------------------------------
     def check_end(self, end_s: float) -> None:
@@ -276,8 +299,12 @@ class Monitor:
         if issues:
             self.fail("quiescence", "; ".join(issues))
 
-    def check_teardown(self) -> None:
-        tier = self.rank.tier
-        if tier is not None and getattr(tier, "loads_in_flight", 0):
+    def loads_now(self) -> set[int]:
+        return set(getattr(self.rank.tier, "active_loads", ()))
+
+    def check_teardown(self, began_with: set[int]) -> None:
+        """Loads in flight when the teardown barrier began must all have landed."""
+        still = began_with & self.loads_now()
+        if still:
             self.fail("teardown_drains_loads",
-                      f"flush_loads returned while {tier.loads_in_flight} restore DMA(s) still write GPU pages")
+                      f"flush_loads returned while {len(still)} restore DMA(s) still write GPU pages")

@@ -21,7 +21,7 @@ from simpy.events import Event, Process
 
 from openinfer.kv.config import StoreConfig
 from openinfer.kv.stats import StoreStats
-from openinfer.kv.tier import Tier
+from openinfer.kv.tier import SaveRecord, Tier
 from openinfer.runtime import Runtime
 
 
@@ -42,6 +42,8 @@ class FlushBarriers:
         self.config = config
         self.stats = stats
         self._last: dict[int, Event] = {}
+        self._covered: dict[int, list[SaveRecord]] = {}
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
         self.open_barriers = 0
 
     def start(self, tier: Tier | None, then: Callable[[FlushOutcome], None] | None) -> Process:
@@ -51,16 +53,21 @@ class FlushBarriers:
             return self.rt.spawn(self._noop(started, then))
         # Taken synchronously, as the Rust barrier takes pending_saves at call time.
         flush = tier.flush()
+        covered: list[SaveRecord] = list(getattr(flush, "taken", []))
         prev = None
         done = self.rt.event()
         if self.config.chain_flushes:
             prev = self._last.get(id(tier))
             self._last[id(tier)] = done
+            # A save a predecessor drained is this barrier's to vouch for too, until it lands.
+            covered += [r for r in self._covered.get(id(tier), []) if r.registered_at is None]
+            self._covered[id(tier)] = covered
         self.open_barriers += 1
-        return self.rt.spawn(self._barrier(flush, prev, done, started, then))
+        return self.rt.spawn(self._barrier(flush, prev, done, started, then, covered))
 
     def _barrier(self, flush: Event, prev: Event | None, done: Event, started: float,
-                 then: Callable[[FlushOutcome], None] | None) -> Generator[Event, Any, FlushOutcome]:
+                 then: Callable[[FlushOutcome], None] | None,
+                 covered: list[SaveRecord]) -> Generator[Event, Any, FlushOutcome]:
         rt = self.rt
         limit = self.config.flush_deadline_s
         deadline = None if limit is None else started + limit
@@ -72,11 +79,20 @@ class FlushBarriers:
         if ok:
             result = flush.value
             outcome = FlushOutcome(result.ok, error=result.error, started_at=started, finished_at=rt.now())
+            missing = sum(r.registered_at is None for r in covered)
+            if missing and outcome.ok:
+                # A covered save failed, lost its registration, or was drained by a predecessor
+                # that gave up on it: the barrier cannot vouch for it.
+                outcome = FlushOutcome(False, timed_out=prev is not None and prev.value.timed_out,
+                                       error=f"{missing} covered save(s) are not visible and registered",
+                                       started_at=started, finished_at=rt.now())
         else:
             self.stats.flush_timeouts += 1
             outcome = FlushOutcome(False, timed_out=True, error="flush deadline exceeded",
                                    started_at=started, finished_at=rt.now())
         self.open_barriers -= 1
+        for obs in self.observers:
+            obs("barrier_done", dict(outcome=outcome, tier=id(flush)))
         done.succeed(outcome)
         if then is not None:
             then(outcome)

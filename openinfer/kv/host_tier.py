@@ -49,7 +49,7 @@ class HostTier:
         self.counters: dict[str, int] = dict(
             queries=0, hits=0, hit_blocks=0, misses=0, inserts=0, evictions=0,
             saves=0, saves_failed=0, loads=0, loads_failed=0, leases_expired=0)
-        self.loads_in_flight = 0  # H2D copies still writing GPU pages (teardown must drain them)
+        self.active_loads: set[int] = set()  # ids of H2D copies still writing GPU pages
 
     # -- contents ---------------------------------------------------------------------
     def resident_prefix(self, hashes: list[BlockHash]) -> int:
@@ -124,15 +124,20 @@ class HostTier:
             raise AccountingError(f"load: {len(dst_pages)} pages for a lease of {len(lease)} blocks")
         return self.rt.spawn(self._load(lease, dst_pages))
 
+    @property
+    def loads_in_flight(self) -> int:
+        return len(self.active_loads)
+
     def _load(self, lease: Lease, dst_pages: list[int]) -> Generator[Event, Any, OpResult]:
         self.counters["loads"] += 1
-        self.loads_in_flight += 1
+        load_id = self.counters["loads"]
+        self.active_loads.add(load_id)
         err = None
         if self.ports.active("load"):
             err = yield from self.ports.through("load", str(lease.lease_id))
         if err is None:
             yield self.transfer.h2d(lease.slots, dst_pages)
-        self.loads_in_flight -= 1
+        self.active_loads.discard(load_id)
         if lease.state == "open":
             self._end_lease(lease, "loaded")  # consumed on success and on failure
         if err is not None:
@@ -234,7 +239,9 @@ class HostTier:
         """
         taken = [s for s in self.pending_saves if not s.done.triggered]
         self.pending_saves = []
-        return self.rt.spawn(self._flush(taken))
+        proc = self.rt.spawn(self._flush(taken))
+        proc.taken = taken  # type: ignore[attr-defined]  # what this barrier is answerable for
+        return proc
 
     def _flush(self, taken: list[SaveRecord]) -> Generator[Event, Any, OpResult]:
         if taken:

@@ -55,6 +55,7 @@ class KvStore:
         self.l1_retention_disabled = False
         self.flushes = FlushBarriers(rt, self.config, self.stats)
         self.observers: list[Callable[[str, dict[str, Any]], None]] = []
+        self.flushes.observers = self.observers
 
     # -- ranks and toggles ------------------------------------------------------------
     def rank(self, r: int) -> Rank:
@@ -140,7 +141,9 @@ class KvStore:
                 reason = DegradeReason.DEADLINE_EXCEEDED
             if rt.now() >= deadline:
                 return self._finish(r, probe, out, reason)
-            yield rt.sleep(cfg.requery_interval_s)
+            yield rt.sleep(min(cfg.requery_interval_s, deadline - rt.now()))
+            if rt.now() >= deadline:  # report why we were waiting, not a query sent too late
+                return self._finish(r, probe, out, reason)
 
         if self._cancelled_now(cancel):
             tier.release(lease)
@@ -231,6 +234,8 @@ class KvStore:
         self.stats.saves_submitted += 1
         rec = tier.save(pages, [h for _, h in new], guards)
         cursor.records.append(rec)
+        for obs in self.observers:
+            obs("save_submitted", dict(record=rec))
         if cls is SaveClass.HANDOFF:
             cursor.pending.append(rec.done)
 

@@ -9,7 +9,7 @@ store down (``flush_loads``, bounded) and runs the end-of-run checks.
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from openinfer.backend.fake_executor import FakeExecutor
@@ -59,7 +59,7 @@ class _World:
 
 
 def build_world(sc: Scenario) -> _World:
-    v = variant(sc.variant)
+    v = replace(variant(sc.variant), flush_deadline_s=sc.flush_deadline_s)
     rt = SimRuntime(sc.seed, OrderSpec(sc.order))
     pool = BlockPool(sc.block_size, sc.num_blocks, entitlement=v.pool_entitlement)
     link = LinkSpec(bandwidth_gib_s=20.0, latency_s=20e-6)
@@ -71,7 +71,7 @@ def build_world(sc: Scenario) -> _World:
                                   metaserver=meta, directory=PeerDirectory())
     else:
         tier = HostTier(rt, sc.host_blocks, transfer)
-    store = KvStore(rt, [Rank(pool, tier)], v.store_config())
+    store = KvStore(rt, [Rank(pool, tier)], v.store_config(resolve_deadline_s=sc.resolve_deadline_s))
     ex = FakeExecutor(rt, vocab_size=1000, eos_token=999, seed=sc.seed, max_loras=2)
     for name in sc.adapters:
         ex.load_adapter(name)
@@ -122,7 +122,8 @@ def _workload(w: _World, sc: Scenario, handles: list[RequestHandle]) -> Generato
             yield w.rt.sleep(t - w.rt.now())
         if kind == 0:
             r = sc.requests[i]
-            h = w.engine.submit(GenerateRequest(list(r.prompt), r.max_tokens, lora=r.lora))
+            h = w.engine.submit(GenerateRequest(list(r.prompt), r.max_tokens, lora=r.lora, echo=r.echo,
+                                                logprobs=r.logprobs))
             handles.append(h)
             if r.cancel_at is not None:
                 w.rt.spawn(_cancel_at(w, h, r.cancel_at))
@@ -142,7 +143,8 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
     w = build_world(sc)
     heal = last_heal(sc.faults)
     timeline: list[tuple[float, str]] = []
-    mon = Monitor(w.engine, w.store, heal if heal != float("inf") else 0.0, monitor_config, timeline)
+    mcfg = monitor_config or MonitorConfig(terminal_bound_s=sc.resolve_deadline_s + sc.flush_deadline_s + 10.0)
+    mon = Monitor(w.engine, w.store, heal, mcfg, timeline)
     result = RunResult(sc, None, timeline)
     try:
         _seed_host(w, sc.seeded_prefixes)
@@ -150,6 +152,8 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
         handles: list[RequestHandle] = []
         n_total = len(sc.requests)
         w.rt.spawn(_workload(w, sc, handles))
+        if sc.teardown_at is not None:
+            w.rt.spawn(_teardown_at(w, mon, sc.teardown_at))
         last_arrival = max((r.t for r in sc.requests), default=0.0)
         horizon = max(last_arrival, heal if heal != float("inf") else last_arrival) + mon.cfg.terminal_bound_s + 1
         while w.rt.now() < horizon:
@@ -159,8 +163,7 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
                 break
         w.rt.run(until=w.rt.now() + SETTLE_S)
         mon.check_end(w.rt.now())
-        w.rt.run_process(_bounded(w, w.store.flush_loads(0), TEARDOWN_S))
-        mon.check_teardown()
+        w.rt.run_process(_teardown(w, mon))
     except InvariantViolation as v:
         result.violation = v
     result.sim_events = w.rt.env.events_processed
@@ -168,6 +171,16 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
     return result
 
 
-def _bounded(w: _World, ev: Any, limit_s: float) -> Generator[Any, Any, bool]:
-    done = yield from w.rt.wait(ev, w.rt.now() + limit_s)
-    return done
+def _teardown(w: _World, mon: Monitor) -> Generator[Any, Any, None]:
+    """The bounded teardown barrier: once flush_loads says drained, no DMA may still write."""
+    began_with = mon.loads_now()
+    drained = yield from w.rt.wait(w.store.flush_loads(0), w.rt.now() + TEARDOWN_S)
+    mon.note(f"teardown: flush_loads drained={drained}")
+    if drained:
+        mon.check_teardown(began_with)
+
+
+def _teardown_at(w: _World, mon: Monitor, t: float) -> Generator[Any, Any, None]:
+    if t > w.rt.now():
+        yield w.rt.sleep(t - w.rt.now())
+    yield from _teardown(w, mon)

@@ -21,6 +21,8 @@ class ReqSpec:
     max_tokens: int
     lora: str | None = None
     cancel_at: float | None = None
+    echo: bool = False
+    logprobs: bool = False
 
 
 @dataclass
@@ -44,6 +46,9 @@ class Scenario:
     adapters: list[str] = field(default_factory=list)
     max_prefill_tokens: int = 32
     max_context_tokens: int = 100_000
+    resolve_deadline_s: float = 15.0
+    flush_deadline_s: float = 5.0
+    teardown_at: float | None = None  # call flush_loads mid-run: a teardown barrier must drain DMAs
     seeded_prefixes: list[list[int]] = field(default_factory=list)
     requests: list[ReqSpec] = field(default_factory=list)
     controls: list[ControlSpec] = field(default_factory=list)
@@ -92,7 +97,10 @@ def random_scenario(rng: random.Random, seed: int, variant: str) -> Scenario:
                   role=role, peer=role == "prefill" or rng.random() < 0.3, lora_control=lora_control,
                   adapters=["A"] if lora_control else [],
                   max_prefill_tokens=rng.choice([2 * bs, 4 * bs, 8 * bs, 64]),
-                  max_context_tokens=rng.choice([100_000, 100_000, 100_000, usable * bs // 2]))
+                  max_context_tokens=rng.choice([100_000, 100_000, 100_000, usable * bs // 2]),
+                  resolve_deadline_s=rng.choice([15.0, 1.0, 0.25]),
+                  flush_deadline_s=rng.choice([5.0, 0.5]),
+                  teardown_at=round(rng.uniform(0, 0.4), 4) if rng.random() < 0.2 else None)
     vocab = 1000
     families = [[rng.randrange(vocab - 1) for _ in range(usable * bs)] for _ in range(rng.randint(1, 3))]
     if rng.random() < 0.6:
@@ -105,21 +113,28 @@ def random_scenario(rng: random.Random, seed: int, variant: str) -> Scenario:
         prompt = fam[:shared] + [rng.randrange(vocab - 1) for _ in range(rng.randint(1, 3 * bs))]
         target_pages = rng.randint(1, usable + 2)
         max_tokens = max(1, target_pages * bs - len(prompt))
+        if role == "prefill" and rng.random() < 0.8:
+            max_tokens = 1  # what a P/D router sends a prefill server
         lora = None
         if lora_control and rng.random() < 0.5:
             lora = rng.choice(["A", "A", "B"])
         t = t_cluster if rng.random() < 0.5 else round(rng.uniform(0, 0.3), 4)
         cancel = round(t + rng.uniform(0, 0.3), 4) if rng.random() < 0.15 else None
-        sc.requests.append(ReqSpec(t, prompt, max_tokens, lora, cancel))
+        echo = rng.random() < 0.15
+        if echo and rng.random() < 0.8:
+            prompt = prompt[:sc.max_prefill_tokens]  # an echo prompt must fit one step
+        sc.requests.append(ReqSpec(t, prompt, max_tokens, lora, cancel, echo, echo and rng.random() < 0.7))
     if lora_control:
-        for _ in range(rng.randint(0, 2)):
+        for _ in range(rng.randint(0, 3)):
             op = rng.choice(["unload", "load", "list"])
             sc.controls.append(ControlSpec(round(rng.uniform(0, 0.3), 4), op, None if op == "list" else "A"))
     for port, kinds in PORT_KINDS.items():
         if rng.random() < 0.3:
             start = round(rng.uniform(0, 0.2), 4)
+            length = rng.uniform(0.01, 3.0) if rng.random() < 0.9 else rng.uniform(3.0, 20.0)
             sc.faults.append(FaultSpec(port, rng.choice(kinds), start_s=start,
-                                       heal_s=round(start + rng.uniform(0.01, 3.0), 4),
-                                       probability=rng.choice([1.0, 1.0, 0.5]),
-                                       delay_s=round(rng.uniform(0.001, 0.2), 4)))
+                                       heal_s=round(start + length, 4),
+                                       probability=rng.choice([1.0, 0.5, 0.2] if port == "step" else [1.0, 1.0, 0.5]),
+                                       delay_s=round(rng.uniform(0.001, 0.2), 4),
+                                       match=rng.choice(["", "prefill", "decode", "unified"]) if port == "step" else ""))
     return sc
