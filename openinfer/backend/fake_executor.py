@@ -7,7 +7,6 @@ request emit EOS at a chosen completion index, ``fail_steps`` makes chosen steps
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -17,6 +16,15 @@ from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
 from openinfer.runtime import Runtime
 
 StepTime = Callable[[StepPlan], float]
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A cheap, well-mixed pure function: one per decode row is on the simulator's hot path."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def fixed_step_time(prefill_s_per_token: float = 43e-6, decode_s: float = 0.006) -> StepTime:
@@ -45,8 +53,7 @@ class FakeExecutor:
         self.log: list[tuple[float, StepKind, int, int]] = []  # (t, kind, prefill tokens, decode rows)
 
     def token(self, req_id: int, position: int) -> int:
-        digest = hashlib.blake2b(f"{self.seed}:{req_id}:{position}".encode(), digest_size=8).digest()
-        tok = int.from_bytes(digest, "big") % self.vocab_size
+        tok = _splitmix64((self.seed << 42) ^ (req_id << 21) ^ position) % self.vocab_size
         return tok if tok != self.eos_token else (tok + 1) % self.vocab_size
 
     def execute(self, plan: StepPlan) -> Event:

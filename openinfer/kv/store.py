@@ -222,17 +222,17 @@ class KvStore:
             return 0
         if cursor.saved_blocks == 0:
             cursor.saved_blocks = kv.prefix_matched_blocks  # saved by whoever computed them
-        pairs = kv.registered_blocks()
-        if len(pairs) <= cursor.saved_blocks:
-            return 0
-        new = pairs[cursor.saved_blocks:]
-        cursor.saved_blocks = len(pairs)
-        pages = [p for p, _ in new]
+        start, end = cursor.saved_blocks, kv.registered
+        if end <= start:
+            return 0  # the common case on a decode step: no block completed
+        cursor.saved_blocks = end
+        pages = kv.pages[start:end]
+        hashes = kv.hashes[start:end]
         guards = PageRefs.guard(rank.pool, pages)
         count = len(pages)
         rank.pinned += count
         self.stats.saves_submitted += 1
-        rec = tier.save(pages, [h for _, h in new], guards)
+        rec = tier.save(pages, hashes, guards)
         cursor.records.append(rec)
         for obs in self.observers:
             obs("save_submitted", dict(record=rec))

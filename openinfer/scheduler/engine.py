@@ -200,9 +200,10 @@ class Engine:
         if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
             return str(ConfigError("max_tokens", req.max_tokens, "an int >= 1"))
         vocab = self.executor.vocab_size
-        for i, t in enumerate(req.prompt):
-            if type(t) is not int or not 0 <= t < vocab:
-                return str(ConfigError(f"prompt[{i}]", t, f"a token id in [0, {vocab})"))
+        prompt = req.prompt
+        if not (all(type(t) is int for t in prompt) and min(prompt) >= 0 and max(prompt) < vocab):
+            i, t = next((i, t) for i, t in enumerate(prompt) if type(t) is not int or not 0 <= t < vocab)
+            return str(ConfigError(f"prompt[{i}]", t, f"a token id in [0, {vocab})"))
         return req.params.problems()
 
     # -- control ----------------------------------------------------------------------

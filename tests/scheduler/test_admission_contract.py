@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import BS, make_engine, only_terminal, prompt, sink
+from sched_helpers import BS, make_engine, only_terminal, prompt, sink
 from openinfer.kv import BlockPool, RequestKv, SaveCursor, probe_prefix, salt_hash
 from openinfer.kv.prefix import KvPrefix
 from openinfer.kv.request_kv import ceil_div

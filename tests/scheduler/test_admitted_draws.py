@@ -3,7 +3,7 @@ admitted request will still draw, or that request's page-crossing decode fails."
 
 from __future__ import annotations
 
-from helpers import kinds, make_engine, only_terminal, prompt, run_until, wait
+from sched_helpers import kinds, make_engine, only_terminal, prompt, run_until, wait
 from openinfer.kv import RequestKv, SaveClass, SaveCursor, salt_hash
 from openinfer.scheduler import EventKind
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import make_engine, only_terminal, prompt, sink
+from sched_helpers import make_engine, only_terminal, prompt, sink
 from openinfer.runtime import SimRuntime
 from openinfer.scheduler import EventKind, GenerateRequest
 from openinfer.scheduler.chunking import take_prefill_chunks

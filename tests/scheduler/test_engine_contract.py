@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import at, kinds, make_engine, only_terminal, prompt, run_until, terminals
+from sched_helpers import at, kinds, make_engine, only_terminal, prompt, run_until, terminals
 from openinfer.kv import Gate
 from openinfer.scheduler import EventKind, FinishReason, SamplingParams
 

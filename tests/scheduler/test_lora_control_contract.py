@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import kinds, make_engine, only_terminal, prompt, run_until, wait
+from sched_helpers import kinds, make_engine, only_terminal, prompt, run_until, wait
 from openinfer.scheduler import ControlCommand, ControlOp, EventKind
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import at, make_engine
+from sched_helpers import at, make_engine
 from openinfer.runtime import OrderSpec
 from openinfer.scheduler.request import TERMINAL
 

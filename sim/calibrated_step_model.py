@@ -1,0 +1,98 @@
+"""A step-time model fitted to measured steps, pluggable where the roofline is.
+
+The roofline is a prior; a real GPU has kernel launch gaps, attention kernels with their
+own efficiency, and graph replay costs the roofline cannot know. ``validate`` runs on the
+real executor record (plan features, seconds) pairs; ``CalibratedStepModel.fit`` turns
+them into ``t = a + b·prefill_tokens + c·prefill_attn_pairs + d·decode_rows_padded
++ e·decode_context_tokens`` by linear least squares, and the simulator then runs on it.
+``prefill_attn_pairs`` (≈ tokens²/2 for a cold chunk) carries the quadratic attention
+term, so a 16k prompt stays superlinear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from openinfer.backend.executor import StepPlan
+from openinfer.errors import ConfigError, require
+from sim.step_features import StepFeatures, step_features
+
+TERMS = ("intercept", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens")
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    samples: int
+    rmse_s: float
+    r2: float
+
+
+@dataclass(frozen=True)
+class CalibratedStepModel:
+    intercept: float = 0.0
+    prefill_tokens: float = 0.0
+    prefill_attn_pairs: float = 0.0
+    decode_rows_padded: float = 0.0
+    decode_context_tokens: float = 0.0
+    pad_unified: bool = False
+    min_step_s: float = 1e-6  # a fit may extrapolate below zero; a step never takes no time
+
+    def features_time(self, f: StepFeatures) -> float:
+        t = (self.intercept + self.prefill_tokens * f.prefill_tokens
+             + self.prefill_attn_pairs * f.prefill_attn_pairs
+             + self.decode_rows_padded * f.decode_rows_padded
+             + self.decode_context_tokens * f.decode_context_tokens)
+        return t if t > self.min_step_s else self.min_step_s
+
+    def step_time(self, plan: StepPlan) -> float:
+        return self.features_time(step_features(plan, self.pad_unified))
+
+    def coefficients(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in TERMS}
+
+    def to_dict(self) -> dict[str, float | bool]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, float | bool]) -> CalibratedStepModel:
+        known = set(cls.__dataclass_fields__)
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"calibration.{key}", data[key], f"one of {', '.join(sorted(known))}")
+        return cls(**data)  # type: ignore[arg-type]
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
+            pad_unified: bool = False) -> CalibratedStepModel:
+        """Least-squares coefficients from (features or plan, measured seconds) pairs."""
+        return cls.fit_with_quality(samples, pad_unified=pad_unified)[0]
+
+    @classmethod
+    def fit_with_quality(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
+                         pad_unified: bool = False) -> tuple[CalibratedStepModel, FitQuality]:
+        """``fit`` plus how well the line explains the samples (RMSE, R²)."""
+        require(len(samples) >= len(TERMS), "calibration.samples", len(samples),
+                f"at least {len(TERMS)} (feature, seconds) pairs")
+        rows, ys = [], []
+        for i, (x, seconds) in enumerate(samples):
+            f = x if isinstance(x, StepFeatures) else step_features(x, pad_unified)
+            require(seconds >= 0, f"calibration.samples[{i}].seconds", seconds, "a number >= 0")
+            rows.append((1.0, f.prefill_tokens, f.prefill_attn_pairs, f.decode_rows_padded,
+                         f.decode_context_tokens))
+            ys.append(seconds)
+        a = np.asarray(rows, dtype=float)
+        y = np.asarray(ys, dtype=float)
+        # Scale columns so the quadratic term (≈1e8) and the intercept (1) condition alike.
+        scale = np.abs(a).max(axis=0)
+        scale[scale == 0] = 1.0
+        coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
+        coef = coef / scale
+        pred = a @ coef
+        resid = y - pred
+        ss_tot = float(((y - y.mean()) ** 2).sum())
+        r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+        model = cls(*(float(c) for c in coef), pad_unified=pad_unified)
+        return model, FitQuality(len(ys), float(np.sqrt((resid ** 2).mean())), r2)

@@ -1,0 +1,61 @@
+"""What a step plan costs, reduced to a handful of counts.
+
+Both step models (the roofline and the calibrated fit) read the same counts, so a model
+fitted on the real executor's timings and the analytic one are interchangeable behind
+``step_time(plan)``, and the counts are computed in one pass over the plan (this runs once
+per simulated step, thousands of times a second).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import asdict, dataclass
+
+from openinfer.backend.executor import StepKind, StepPlan
+
+# spec §1.4: 1, 2, 4, 8, 16, 20, 24, 32, 40, ... (step 8) ..., 256
+GRAPH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 20, 24) + tuple(range(32, 257, 8))
+
+
+def padded_batch(rows: int, buckets: tuple[int, ...] = GRAPH_BUCKETS) -> int:
+    """The CUDA-graph batch a decode of ``rows`` rows replays (rows beyond the last: as is)."""
+    if rows <= 0:
+        return 0
+    i = bisect_left(buckets, rows)
+    return buckets[i] if i < len(buckets) else rows
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    prefill_tokens: int = 0          # prompt tokens computed this step
+    prefill_attn_pairs: int = 0      # causal (query, key) pairs of the chunks: quadratic in context
+    prefill_context_tokens: int = 0  # KV the chunks read or write: sum of (start + n)
+    logit_rows: int = 0              # prefill rows that need the LM head
+    decode_rows: int = 0
+    decode_rows_padded: int = 0      # rows the kernels run (graph bucket on pure decode steps)
+    decode_context_tokens: int = 0   # KV the decode rows read or write: sum of (position + 1)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def step_features(plan: StepPlan, pad_unified: bool = False) -> StepFeatures:
+    """Counts of one plan. Decode rows are padded to the graph bucket only on pure decode
+    steps (graphs are captured for decode; a unified step runs eagerly) unless
+    ``pad_unified``."""
+    p_tokens = pairs = p_ctx = logits = 0
+    for row in plan.prefill:
+        n = len(row.tokens)
+        s = row.start
+        p_tokens += n
+        pairs += n * s + n * (n + 1) // 2
+        p_ctx += s + n
+        if row.all_logits:
+            logits += n
+        elif row.is_final:
+            logits += 1
+    decode = plan.decode
+    rows = len(decode)
+    ctx = sum(r.position for r in decode) + rows if rows else 0
+    pad = padded_batch(rows) if rows and (plan.kind is StepKind.DECODE or pad_unified) else rows
+    return StepFeatures(p_tokens, pairs, p_ctx, logits, rows, pad, ctx)

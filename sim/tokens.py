@@ -1,0 +1,62 @@
+"""Prompt content: token ids as pure functions of a key.
+
+Prefix caching only works in the simulator if equal text gives equal token ids, and a run
+only replays if the ids do not depend on which request happened to be generated first.
+So every piece of text (a shared system prompt, a chat turn, a Mooncake 512-token block)
+is ``tokens_for(key, n)``: seeded from a hash of its key, independent of event order.
+numpy draws them because a 1k-token prompt per request through ``random.randrange``
+would dominate a 10k-request run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+PROMPT_VOCAB = 151_643  # Qwen3's ordinary tokens: below the special/EOS ids
+
+
+def key_seed(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+def tokens_for(key: str, n: int, vocab: int = PROMPT_VOCAB) -> list[int]:
+    """``n`` token ids in [0, vocab), a pure function of (key, n, vocab); a prefix of the
+    answer for a larger ``n``."""
+    if n <= 0:
+        return []
+    return np.random.Generator(np.random.PCG64(key_seed(key))).integers(0, vocab, n).tolist()
+
+
+class BlockTokens:
+    """Tokens of hash-identified blocks (Mooncake ``hash_ids``), memoised per id."""
+
+    def __init__(self, block_tokens: int = 512, salt: str = "mooncake", vocab: int = PROMPT_VOCAB,
+                 max_cached: int = 65_536) -> None:
+        self.block_tokens = block_tokens
+        self.salt = salt
+        self.vocab = vocab
+        self.max_cached = max_cached
+        self._cache: dict[int, list[int]] = {}
+
+    def block(self, hash_id: int) -> list[int]:
+        toks = self._cache.get(hash_id)
+        if toks is None:
+            toks = tokens_for(f"{self.salt}/{hash_id}", self.block_tokens, self.vocab)
+            if len(self._cache) >= self.max_cached:
+                self._cache.clear()  # bounded memory; contents are recomputed identically
+            self._cache[hash_id] = toks
+        return toks
+
+    def prompt(self, hash_ids: list[int], length: int, tail_key: str) -> list[int]:
+        """``length`` tokens: the blocks in order, cut at ``length``; past the last block,
+        tokens unique to ``tail_key``."""
+        out: list[int] = []
+        for h in hash_ids:
+            if len(out) >= length:
+                break
+            out.extend(self.block(h))
+        if len(out) < length:
+            out.extend(tokens_for(tail_key, length - len(out), self.vocab))
+        return out[:length]

@@ -1,0 +1,66 @@
+"""The fitted step model recovers known coefficients and plugs in where the roofline does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sim_helpers import decode_plan, prefill_plan, unified_plan
+from openinfer.errors import ConfigError
+from sim.calibrated_step_model import CalibratedStepModel
+from sim.step_features import StepFeatures, padded_batch
+from sim.workloads import RandomWorkload
+from sim.arrivals import ArrivalSpec
+from sim.world import WorldConfig, build_world, run_world
+
+TRUE = CalibratedStepModel(intercept=2.1e-3, prefill_tokens=41e-6, prefill_attn_pairs=3.0e-10,
+                           decode_rows_padded=30e-6, decode_context_tokens=4.2e-8)
+
+
+def _samples(noise: float, n: int = 300) -> list[tuple[StepFeatures, float]]:
+    rng = random.Random(7)
+    out = []
+    for _ in range(n):
+        tokens = rng.choice([0, 0, rng.randint(1, 1024)])
+        start = rng.randint(0, 8192) if tokens else 0
+        rows = rng.randint(0 if tokens else 1, 256)
+        ctx = rows * rng.randint(16, 4096)
+        f = StepFeatures(prefill_tokens=tokens, prefill_attn_pairs=tokens * start + tokens * (tokens + 1) // 2,
+                         prefill_context_tokens=start + tokens, logit_rows=1 if tokens else 0, decode_rows=rows,
+                         decode_rows_padded=padded_batch(rows), decode_context_tokens=ctx)
+        out.append((f, TRUE.features_time(f) + rng.gauss(0, noise)))  # noise: absolute jitter, s
+    return out
+
+
+def test_fit_recovers_known_coefficients_exactly_without_noise() -> None:
+    model, quality = CalibratedStepModel.fit_with_quality(_samples(0.0))
+    for k, v in TRUE.coefficients().items():
+        assert model.coefficients()[k] == pytest.approx(v, rel=1e-6), k
+    assert quality.r2 > 0.999999
+
+
+def test_fit_is_close_with_measurement_noise() -> None:
+    model = CalibratedStepModel.fit(_samples(50e-6, n=2000))  # 50 µs timer jitter
+    for k, v in TRUE.coefficients().items():
+        assert model.coefficients()[k] == pytest.approx(v, rel=0.1), k
+
+
+def test_fit_accepts_plans_and_round_trips_through_a_dict() -> None:
+    plans = [decode_plan(b, c) for b in (1, 5, 17, 64, 200) for c in (100, 900, 3000)]
+    plans += [prefill_plan(n, start=s) for n in (64, 512, 1024) for s in (0, 2048)] + [unified_plan(256, 16, 500)]
+    samples = [(p, TRUE.step_time(p)) for p in plans]
+    model = CalibratedStepModel.fit(samples)
+    assert model.step_time(plans[3]) == pytest.approx(TRUE.step_time(plans[3]), rel=1e-6)
+    assert CalibratedStepModel.from_dict(model.to_dict()) == model
+    with pytest.raises(ConfigError, match="calibration.slope"):
+        CalibratedStepModel.from_dict({"slope": 1.0})
+    with pytest.raises(ConfigError, match="calibration.samples"):
+        CalibratedStepModel.fit(samples[:3])
+
+
+def test_calibrated_model_drives_a_world() -> None:
+    w = build_world(WorldConfig(num_blocks=2000, host_tier_gib=0.0), step_model=TRUE)
+    rep = run_world(w, RandomWorkload(num_requests=10, input_len=200, output_len=20, arrival=ArrivalSpec(50.0)))
+    assert rep["metrics"]["completed"] == 10
+    assert rep["engine"]["busy_s"] > 0
