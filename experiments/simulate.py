@@ -147,6 +147,11 @@ def main(argv: list[str]) -> None:
     report = simulate(cfg)
     print_summary(report)
     write_report(cfg.report, report)
+    v = report.get("violation")
+    if v is not None:
+        print(f"VIOLATION {v['invariant']} at t={v['time_s']:.6f}s: {v['detail']}\n"
+              f"  seed={report['config']['seed']}; replay: python -m experiments.simulate {' '.join(argv)}")
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from sim.gpu_executor import SimExecutor
 from sim.hardware import GiB, HardwareSpec, preset as hardware_preset
 from sim.metrics import cache_summary, status_counts, summarize
 from sim.model_geometry import ModelGeometry, preset as model_preset
+from sim.monitors import InvariantViolation, Monitor, MonitorConfig
 from sim.step_model import RooflineStepModel, StepModel
 from sim.timeline import TimelineSampler
 from sim.workloads import Workload
@@ -56,6 +57,8 @@ class WorldConfig:
     timeline_max_rows: int = 256
     max_sim_s: float = 24 * 3600.0       # hang guard on simulated time
     transfer: str = "queued"             # queued (one event per copy) or modeled (a process per copy)
+    monitors: bool = True                # safety/liveness invariants on every scheduler pass
+    monitor_pool_every: int = 64         # full pool.check() every N passes (it is O(pages))
 
     def __post_init__(self) -> None:
         require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks >= 2),
@@ -141,8 +144,19 @@ def run_world(w: World, workload: Workload, client: Client | None = None) -> dic
     rt = w.rt
     rt.spawn(workload.run(rt, client))
     guard = rt.sleep(w.config.max_sim_s)
-    rt.run(until=rt.any_of([client.all_done, guard]))
-    return report(w, workload, client, timed_out=not client.all_done.triggered)
+    monitor = Monitor(w.engine, w.store, heal_s=0.0,
+                      config=MonitorConfig(check_pool_every=w.config.monitor_pool_every)) \
+        if w.config.monitors else None
+    violation = None
+    try:
+        rt.run(until=rt.any_of([client.all_done, guard]))
+        if monitor is not None and client.all_done.triggered:
+            monitor.check_end(rt.now())
+    except InvariantViolation as err:
+        violation = dict(invariant=err.name, time_s=err.time, detail=err.detail)
+    out = report(w, workload, client, timed_out=not client.all_done.triggered)
+    out["violation"] = violation
+    return out
 
 
 def _round(x: float, nd: int = 6) -> float:
