@@ -60,16 +60,22 @@ class Link:
 
 
 class ModeledTransfer:
-    """A TransferEngine whose copies take modelled time on D2H, H2D and peer links."""
+    """A TransferEngine whose copies take modelled time on D2H, H2D and peer links.
+
+    ``link_class`` is how one direction queues its copies: :class:`Link` runs a SimPy
+    process per copy; ``sim.copy_queue.QueuedLink`` computes the landing time directly.
+    """
+
+    link_class: type = Link
 
     def __init__(self, rt: Runtime, page_bytes: int, d2h: LinkSpec, h2d: LinkSpec,
                  peer: LinkSpec | None = None, connect_s: float = 0.0) -> None:
         require(page_bytes > 0, "transfer.page_bytes", page_bytes, "an int > 0")
         self.rt = rt
         self.page_bytes = page_bytes
-        self.d2h_link = Link(rt, d2h)
-        self.h2d_link = Link(rt, h2d)
-        self.peer_link = Link(rt, peer or h2d)
+        self.d2h_link = self.link_class(rt, d2h)
+        self.h2d_link = self.link_class(rt, h2d)
+        self.peer_link = self.link_class(rt, peer or h2d)
         self.connect_s = connect_s
         self._connected: set[str] = set()
 
@@ -80,10 +86,12 @@ class ModeledTransfer:
         return self.h2d_link.copy(len(pages) * self.page_bytes)
 
     def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
-        return self.rt.spawn(self._peer_read(peer, len(src_slots) * self.page_bytes))
+        nbytes = len(src_slots) * self.page_bytes
+        if peer in self._connected:
+            return self.peer_link.copy(nbytes)
+        return self.rt.spawn(self._first_read(peer, nbytes))
 
-    def _peer_read(self, peer: str, nbytes: int) -> Generator[Event, Any, None]:
-        if peer not in self._connected:  # first contact pays the connection set-up
-            yield self.rt.sleep(self.connect_s)
-            self._connected.add(peer)
+    def _first_read(self, peer: str, nbytes: int) -> Generator[Event, Any, None]:
+        yield self.rt.sleep(self.connect_s)  # first contact pays the connection set-up
+        self._connected.add(peer)
         yield self.peer_link.copy(nbytes)

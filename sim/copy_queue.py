@@ -13,14 +13,11 @@ copy is queued rather than when it lands.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Generator
-from typing import Any
 
 from simpy.events import Event
 
-from openinfer.errors import require
 from openinfer.runtime import Runtime
-from sim.copy_engine import LinkSpec
+from sim.copy_engine import LinkSpec, ModeledTransfer
 
 
 class QueuedLink:
@@ -57,33 +54,7 @@ class QueuedLink:
         return max(0.0, self._free_at[0] - self.rt.now())
 
 
-class QueuedTransfer:
-    """TransferEngine with D2H, H2D and peer links; same constructor as ModeledTransfer."""
+class QueuedTransfer(ModeledTransfer):
+    """ModeledTransfer over arithmetic links: the same landing times, one event per copy."""
 
-    def __init__(self, rt: Runtime, page_bytes: int, d2h: LinkSpec, h2d: LinkSpec,
-                 peer: LinkSpec | None = None, connect_s: float = 0.0) -> None:
-        require(page_bytes > 0, "transfer.page_bytes", page_bytes, "an int > 0")
-        self.rt = rt
-        self.page_bytes = page_bytes
-        self.d2h_link = QueuedLink(rt, d2h)
-        self.h2d_link = QueuedLink(rt, h2d)
-        self.peer_link = QueuedLink(rt, peer or h2d)
-        self.connect_s = connect_s
-        self._connected: set[str] = set()
-
-    def d2h(self, pages: list[int], slots: list[int]) -> Event:
-        return self.d2h_link.copy(len(pages) * self.page_bytes)
-
-    def h2d(self, slots: list[int], pages: list[int]) -> Event:
-        return self.h2d_link.copy(len(pages) * self.page_bytes)
-
-    def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
-        nbytes = len(src_slots) * self.page_bytes
-        if peer in self._connected:
-            return self.peer_link.copy(nbytes)
-        return self.rt.spawn(self._first_read(peer, nbytes))
-
-    def _first_read(self, peer: str, nbytes: int) -> Generator[Event, Any, None]:
-        yield self.rt.sleep(self.connect_s)  # first contact pays the connection set-up
-        self._connected.add(peer)
-        yield self.peer_link.copy(nbytes)
+    link_class = QueuedLink
