@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from openinfer.errors import require
-from openinfer.kv import BlockPool, HostTier, KvStore, Rank
+from openinfer.kv import BlockPool, HostTier, KvStore, MetaServer, PeerDirectory, PeerTier, Rank
 from openinfer.runtime import OrderSpec, SimRuntime
-from openinfer.scheduler import Engine, SchedulerConfig
+from openinfer.scheduler import Engine, Role, SchedulerConfig
 from openinfer.variants import variant as get_variant
 from sim.client import AbortSpec, Client
 from sim.copy_engine import LinkSpec, ModeledTransfer
@@ -97,12 +97,24 @@ def size_pool(hw: HardwareSpec, model: ModelGeometry, block_size: int, max_prefi
                 num_blocks=max(MIN_BLOCKS, budget // per_block), sized_from="hardware.memory_gib")
 
 
+@dataclass
+class PeerLink:
+    """What an instance of a P/D cluster shares with the others: MetaServer and directory."""
+
+    metaserver: MetaServer
+    directory: PeerDirectory
+    namespace: str = "qwen3"
+
+
 def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model: ModelGeometry | None = None,
-                step_model: StepModel | None = None) -> World:
+                step_model: StepModel | None = None, rt: SimRuntime | None = None, name: str = "sim0",
+                role: Role = Role.MIXED, peer: PeerLink | None = None) -> World:
+    """One serving instance. Several built on one runtime with a shared PeerLink form a
+    cluster (``sim.cluster``); the scheduler and store code are the same either way."""
     v = get_variant(cfg.variant)
     hw = hardware or hardware_preset(cfg.hardware)
     geo = model or model_preset(cfg.model)
-    rt = SimRuntime(cfg.seed, OrderSpec(cfg.order))
+    rt = rt or SimRuntime(cfg.seed, OrderSpec(cfg.order))
     if cfg.num_blocks is None:
         sizing = size_pool(hw, geo, cfg.block_size, cfg.max_prefill_tokens)
     else:
@@ -117,15 +129,20 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
         h2d=LinkSpec(hw.h2d_gib_s, hw.copy_latency_s, hw.copy_engines),
         peer=LinkSpec(hw.peer_gib_s, hw.peer_latency_s), connect_s=hw.peer_connect_s)
     host_pages = int(cfg.host_tier_gib * GiB // page_bytes)
-    host = HostTier(rt, host_pages, transfer) if host_pages > 0 else None
+    host: HostTier | None = None
+    if peer is not None:
+        host = PeerTier(rt, max(host_pages, 1), transfer, name=name, namespace=peer.namespace,
+                        metaserver=peer.metaserver, directory=peer.directory)
+    elif host_pages > 0:
+        host = HostTier(rt, host_pages, transfer)
     sizing["host_pages"] = host_pages
     store = KvStore(rt, [Rank(pool, host)], v.store_config())
     sm = step_model or RooflineStepModel(geo, hw)
     executor = SimExecutor(rt, sm, vocab_size=geo.vocab_size, seed=cfg.seed)
     sched = SchedulerConfig(max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
                             max_context_tokens=cfg.max_context_tokens, prefix_cache=cfg.prefix_cache,
-                            switches=v.scheduler_switches())
-    engine = Engine(rt, store, executor, sched, name="sim0")
+                            role=role, switches=v.scheduler_switches())
+    engine = Engine(rt, store, executor, sched, name=name)
     timeline = TimelineSampler(engine, store, every=cfg.timeline_every, max_rows=cfg.timeline_max_rows)
     return World(cfg, rt, hw, geo, sm, pool, transfer, host, store, executor, engine, timeline, sizing)
 

@@ -36,6 +36,7 @@ class RunResult:
     timeline: list[tuple[float, str]] = field(default_factory=list)
     sim_events: int = 0
     end_s: float = 0.0
+    fault_hits: list[int] = field(default_factory=list)  # operations each fault touched
 
     @property
     def invariant(self) -> str | None:
@@ -102,9 +103,11 @@ def _wait(ev: Any) -> Generator[Any, Any, Any]:
     return result
 
 
-def _install_faults(w: _World, sc: Scenario, mon: Monitor) -> None:
+def _install_faults(w: _World, sc: Scenario, mon: Monitor) -> list[FaultHook]:
+    hooks = []
     for i, spec in enumerate(sc.faults):
         hook = FaultHook(w.rt, spec, f"fault{i}")
+        hooks.append(hook)
         if spec.port == "step":
             w.executor.step_failure = hook.step_failure
         elif spec.port in ("registration", "metaserver"):
@@ -113,6 +116,7 @@ def _install_faults(w: _World, sc: Scenario, mon: Monitor) -> None:
         else:
             w.tier.ports.install(spec.port, hook)
         mon.note(f"fault {spec.describe()}")
+    return hooks
 
 
 def _workload(w: _World, sc: Scenario, handles: list[RequestHandle]) -> Generator[Any, Any, None]:
@@ -146,9 +150,10 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
     mcfg = monitor_config or MonitorConfig(terminal_bound_s=sc.resolve_deadline_s + sc.flush_deadline_s + 10.0)
     mon = Monitor(w.engine, w.store, heal, mcfg, timeline)
     result = RunResult(sc, None, timeline)
+    hooks: list[FaultHook] = []
     try:
         _seed_host(w, sc.seeded_prefixes)
-        _install_faults(w, sc, mon)
+        hooks = _install_faults(w, sc, mon)
         handles: list[RequestHandle] = []
         n_total = len(sc.requests)
         w.rt.spawn(_workload(w, sc, handles))
@@ -167,6 +172,7 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
     except InvariantViolation as v:
         result.violation = v
     result.sim_events = w.rt.env.events_processed
+    result.fault_hits = [h.hits for h in hooks]
     result.end_s = w.rt.now()
     return result
 
