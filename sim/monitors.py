@@ -9,7 +9,7 @@ Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
 ``barrier_covers_prior_saves``,
 ``control_linearizability``, ``single_charge_admission``, ``load_snapshot_counts_resolves``,
 ``resolve_observes_cancel``. Liveness (only once every fault has healed):
-``admission_liveness``, ``bounded_terminal_event``. End of run: ``quiescence``,
+``admission_liveness``, ``bounded_terminal_event``, ``progress_at_one_instant`` (any time). End of run: ``quiescence``,
 ``no_lease_leak``, ``teardown_drains_loads``.
 """
 
@@ -29,7 +29,7 @@ INVARIANTS = (
     "page_conservation", "held_page_integrity", "single_terminal_event", "admitted_draw_never_fails",
     "kv_ready_after_registration", "barrier_covers_prior_saves", "control_linearizability", "single_charge_admission",
     "load_snapshot_counts_resolves", "resolve_observes_cancel", "admission_liveness",
-    "bounded_terminal_event", "quiescence", "no_lease_leak", "teardown_drains_loads",
+    "bounded_terminal_event", "progress_at_one_instant", "quiescence", "no_lease_leak", "teardown_drains_loads",
 )
 
 
@@ -55,6 +55,7 @@ class MonitorConfig:
     liveness_ticks: int = 50          # scheduler passes with nothing admitted before F1-style alarm
     terminal_bound_s: float = 30.0    # after max(arrival, last heal): resolve 15 s + flush 5 s + slack
     check_pool_every: int = 1         # pool.check() is O(pages): thin it out for large runs
+    max_passes_per_instant: int = 10_000
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Monitor:
         self._ticks = 0
         self._last_note = ""
         self._saves: list[Any] = []
+        self._instant = -1.0
+        self._at_instant = 0
         self._repeats = 0
         engine.observers.append(self.on_engine)
         store.observers.append(self.on_store)
@@ -123,6 +126,14 @@ class Monitor:
 
     def _on_tick(self, d: dict[str, Any]) -> None:
         self._ticks += 1
+        now = self.rt.now()
+        if now == self._instant:
+            self._at_instant += 1
+            if self._at_instant > self.cfg.max_passes_per_instant:
+                self.fail("progress_at_one_instant",
+                          f"{self._at_instant} scheduler passes without simulated time advancing (a hot spin)")
+        else:
+            self._instant, self._at_instant = now, 0
         if self._ticks % self.cfg.check_pool_every == 0:
             try:
                 self.pool.check()

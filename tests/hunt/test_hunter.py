@@ -71,3 +71,15 @@ def test_bad_hunt_config_names_the_field() -> None:
     done = subprocess.run([sys.executable, "-m", "experiments.hunt", "variant=fixed+F9"],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert done.returncode == 2 and "bug" in done.stderr
+
+
+def test_watchdog_flags_scheduler_passes_that_do_not_advance_time() -> None:
+    from sim.hunt.runner import build_world
+    from sim.monitors import InvariantViolation, Monitor, MonitorConfig
+
+    w = build_world(Scenario(seed=0))
+    mon = Monitor(w.engine, w.store, heal_s=0.0, config=MonitorConfig(max_passes_per_instant=50))
+    with pytest.raises(InvariantViolation) as err:
+        for _ in range(60):  # what a loop that spins without yielding time would emit
+            mon.on_engine("tick", {})
+    assert err.value.name == "progress_at_one_instant"
