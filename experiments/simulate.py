@@ -24,6 +24,7 @@ from openinfer.errors import ConfigError, require
 from sim.arrivals import ArrivalSpec
 from sim.calibrated_step_model import CalibratedStepModel
 from sim.lengths import LengthDist
+from sim.perfetto import TraceRecorder
 from sim.step_model import StepModel
 from sim.traces import load_trace, parse_lines, synthetic_mooncake_lines
 from sim.workloads import ChatWorkload, RandomWorkload, TraceWorkload, Workload
@@ -71,6 +72,7 @@ class SimulateConfig:
     trace: str | None = None
     speedup: float = 1.0
     timeline: bool = True
+    perfetto: str | None = None   # write a Chrome/Perfetto trace of the simulated timeline here
 
     def __post_init__(self) -> None:
         require(self.workload in WORKLOADS, "workload", self.workload, f"one of {', '.join(WORKLOADS)}")
@@ -116,7 +118,13 @@ def simulate(cfg: SimulateConfig) -> dict[str, Any]:
                             abort_probability=cfg.abort_prob, abort_after_s=cfg.abort_after_s)
     step_model = load_calibration(cfg.calibration) if cfg.calibration else None
     world = build_world(world_cfg, step_model=step_model)
+    recorder = None
+    if cfg.perfetto:
+        recorder = TraceRecorder()
+        recorder.attach(world.engine)
     report = run_world(world, make_workload(cfg))
+    if recorder is not None:
+        recorder.write(cfg.perfetto)
     report["simulate"] = {k: v for k, v in cfg.__dict__.items() if k != "report"}  # where it goes is not what ran
     if not cfg.timeline:
         report.pop("timeline")

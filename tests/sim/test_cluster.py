@@ -49,3 +49,17 @@ def test_round_robin_spreads_and_prefix_affinity_keeps_shared_prefixes_together(
         cached.append(h.events[0].cached_tokens)
     assert len(c.router.placements) == 1 and sum(c.router.placements.values()) == 4
     assert cached == [0, 64, 64, 64]
+
+
+def test_perfetto_trace_has_every_step_and_request(tmp_path) -> None:
+    import json
+
+    from experiments.simulate import SimulateConfig, simulate
+
+    path = tmp_path / "trace.json"
+    report = simulate(SimulateConfig(num_requests=12, perfetto=str(path)))
+    events = json.loads(path.read_text())["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X"]
+    assert len(steps) == report["engine"]["steps"]
+    assert abs(sum(e["dur"] for e in steps) / 1e6 - report["engine"]["busy_s"]) < 1e-3
+    assert sum(e["ph"] == "b" for e in events) == sum(e["ph"] == "e" for e in events) == 12
