@@ -59,16 +59,15 @@ class SchedulerStoreMachine(RuleBasedStateMachine):
     # -- world --------------------------------------------------------------------------
     @initialize(num_blocks=st.sampled_from([16, 24, 32]), role=st.sampled_from(["mixed", "prefill"]),
                 peer=st.booleans(), gated=st.sets(st.sampled_from(ALL_PORTS)),
-                seeded=st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(2, 8)), max_size=2,
-                                unique_by=lambda t: t[0]),
+                seeded=st.tuples(st.integers(0, 8), st.integers(0, 8)),
                 max_prefill=st.sampled_from([8, 16, 32]), order=st.sampled_from(["fifo", "random"]),
                 seed=st.integers(0, 3))
     def build(self, num_blocks: int, role: str, peer: bool, gated: set[str],
-              seeded: list[tuple[int, int]], max_prefill: int, order: str, seed: int) -> None:
+              seeded: tuple[int, int], max_prefill: int, order: str, seed: int) -> None:
         sc = Scenario(seed=seed, variant=self.variant, order=order, block_size=BS, num_blocks=num_blocks,
                       host_blocks=256, role=role, peer=peer or role == "prefill", lora_control=True,
                       adapters=["A"], max_prefill_tokens=max_prefill,
-                      seeded_prefixes=[FAMILIES[f][:n * BS] for f, n in seeded])
+                      seeded_prefixes=[FAMILIES[f][:n * BS] for f, n in enumerate(seeded) if n])
         self.sc = sc
         w = self.w = build_world(sc)
         self.rt = w.rt
@@ -178,7 +177,8 @@ class SchedulerStoreMachine(RuleBasedStateMachine):
         self._run(lambda: self.mon.check_end(self.rt.now()))
 
 
-COMMON = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+COMMON = dict(deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 
 class FixedMachine(SchedulerStoreMachine):
@@ -189,9 +189,13 @@ TestFixed = FixedMachine.TestCase
 TestFixed.settings = settings(max_examples=60, stateful_step_count=30, derandomize=True, **COMMON)
 
 
-# bug -> (the invariant that must catch it, example budget)
+# bug -> (the invariant that must catch it, example budget). With derandomize the example at
+# which each is found is fixed (hypothesis 6.155.2, this file): F1 ~433, F2 ~62, F3 ~30,
+# F4 ~84, F5 ~55; the budgets leave >= 2x headroom. F1 needs the rarest shape (both shared
+# prefixes seeded, a 16-page pool, two long-output requests whose restored holds land
+# together), so it gets the larger budget.
 CANARIES = {
-    "F1": ("admission_liveness", 300),
+    "F1": ("admission_liveness", 1000),
     "F2": ("barrier_covers_prior_saves", 300),
     "F3": ("bounded_terminal_event", 300),
     "F4": ("control_linearizability", 300),
@@ -201,6 +205,10 @@ CANARIES = {
 
 def _hunt(bug: str) -> InvariantViolation:
     invariant, budget = CANARIES[bug]
+    # derandomize seeds from the machine's digest; a type()-made class has no source, so the
+    # digest is its name + signature: renaming it (or changing the rules) moves the examples.
+    # The example sequence also depends on max_examples (F1 is not among the first 350 under
+    # a 300 budget, but is example ~433 under any budget >= 600).
     machine = type(f"Machine_{bug}", (SchedulerStoreMachine,), {"variant": f"fixed+{bug}"})
     cfg = settings(max_examples=budget, stateful_step_count=30, derandomize=True, phases=[Phase.generate],
                    report_multiple_bugs=False, **COMMON)
@@ -210,30 +218,31 @@ def _hunt(bug: str) -> InvariantViolation:
     return caught.value
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not reached within 300 examples: F1 needs two full host restores to land before one "
-    "admission pass, which these gate-by-gate rules rarely line up; the swarm hunter finds it "
-    "(tests/hunt/test_canaries.py) and tests/scheduler/test_findings.py pins the scenario"))
 def test_canary_f1_pinned_hold_starvation() -> None:
-    """F1 -> admission_liveness, within 300 examples of 30 steps (generation only, no shrink)."""
+    """F1 (holds never shed) -> admission_liveness. Budget: 1000 examples x 30 steps,
+    generation only (no shrinking); found at about example 433."""
     _hunt("F1")
 
 
 def test_canary_f2_flush_chain_gap() -> None:
-    """F2 -> barrier_covers_prior_saves, within 300 examples of 30 steps (generation only)."""
+    """F2 (barriers not chained) -> barrier_covers_prior_saves. Budget: 300 examples x 30
+    steps, generation only; found at about example 62 (needs an out-of-order save release)."""
     _hunt("F2")
 
 
 def test_canary_f3_unbounded_flush() -> None:
-    """F3 -> bounded_terminal_event, within 300 examples of 30 steps (generation only)."""
+    """F3 (no flush deadline) -> bounded_terminal_event. Budget: 300 examples x 30 steps,
+    generation only; found at about example 30, in teardown's lost-registration phase."""
     _hunt("F3")
 
 
 def test_canary_f4_control_overtakes_resolve() -> None:
-    """F4 -> control_linearizability, within 300 examples of 30 steps (generation only)."""
+    """F4 (idle ignores resolves in flight) -> control_linearizability. Budget: 300 examples
+    x 30 steps, generation only; found at about example 84."""
     _hunt("F4")
 
 
 def test_canary_f5_double_charged_pins() -> None:
-    """F5 -> single_charge_admission, within 300 examples of 30 steps (generation only)."""
+    """F5 (save-pinned pages charged twice) -> single_charge_admission. Budget: 300 examples
+    x 30 steps, generation only; found at about example 55."""
     _hunt("F5")
