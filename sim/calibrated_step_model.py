@@ -3,10 +3,15 @@
 The roofline is a prior; a real GPU has kernel launch gaps, attention kernels with their
 own efficiency, and graph replay costs the roofline cannot know. ``validate`` runs on the
 real executor record (plan features, seconds) pairs; ``CalibratedStepModel.fit`` turns
-them into ``t = a + b·prefill_tokens + c·prefill_attn_pairs + d·decode_rows_padded
-+ e·decode_context_tokens`` by linear least squares, and the simulator then runs on it.
-``prefill_attn_pairs`` (≈ tokens²/2 for a cold chunk) carries the quadratic attention
-term, so a 16k prompt stays superlinear.
+them into ``t = a + g·eager_step + b·prefill_tokens + c·prefill_attn_pairs
++ d·decode_rows_padded + e·decode_context_tokens`` by least squares, and the simulator then
+runs on it. ``prefill_attn_pairs`` (≈ tokens²/2 for a cold chunk) carries the quadratic
+attention term, so a 16k prompt stays superlinear. ``eager_step`` is 1 for a step with
+prompt tokens: the real executor replays CUDA graphs only for pure decode, so every other
+step pays the per-kernel launch cost of an eager pass, a constant the other terms cannot
+express. The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
+prefill both matter, and absolute least squares would let the long steps drown out the
+decode steps that TPOT is made of.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from openinfer.backend.executor import StepPlan
 from openinfer.errors import ConfigError, require
 from sim.step_features import StepFeatures, step_features
 
-TERMS = ("intercept", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens")
+TERMS = ("intercept", "eager_step", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens")
 
 
 @dataclass(frozen=True)
@@ -28,11 +33,13 @@ class FitQuality:
     samples: int
     rmse_s: float
     r2: float
+    median_rel_error: float = 0.0
 
 
 @dataclass(frozen=True)
 class CalibratedStepModel:
     intercept: float = 0.0
+    eager_step: float = 0.0
     prefill_tokens: float = 0.0
     prefill_attn_pairs: float = 0.0
     decode_rows_padded: float = 0.0
@@ -41,7 +48,8 @@ class CalibratedStepModel:
     min_step_s: float = 1e-6  # a fit may extrapolate below zero; a step never takes no time
 
     def features_time(self, f: StepFeatures) -> float:
-        t = (self.intercept + self.prefill_tokens * f.prefill_tokens
+        t = (self.intercept + (self.eager_step if f.prefill_tokens else 0.0)
+             + self.prefill_tokens * f.prefill_tokens
              + self.prefill_attn_pairs * f.prefill_attn_pairs
              + self.decode_rows_padded * f.decode_rows_padded
              + self.decode_context_tokens * f.decode_context_tokens)
@@ -66,33 +74,37 @@ class CalibratedStepModel:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
-            pad_unified: bool = False) -> CalibratedStepModel:
+            pad_unified: bool = False, relative: bool = True) -> CalibratedStepModel:
         """Least-squares coefficients from (features or plan, measured seconds) pairs."""
-        return cls.fit_with_quality(samples, pad_unified=pad_unified)[0]
+        return cls.fit_with_quality(samples, pad_unified=pad_unified, relative=relative)[0]
 
     @classmethod
     def fit_with_quality(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
-                         pad_unified: bool = False) -> tuple[CalibratedStepModel, FitQuality]:
-        """``fit`` plus how well the line explains the samples (RMSE, R²)."""
+                         pad_unified: bool = False, relative: bool = True
+                         ) -> tuple[CalibratedStepModel, FitQuality]:
+        """``fit`` plus how well the line explains the samples (RMSE, R², median relative
+        error). A term no sample exercises (say, no eager step was measured) gets 0."""
         require(len(samples) >= len(TERMS), "calibration.samples", len(samples),
                 f"at least {len(TERMS)} (feature, seconds) pairs")
         rows, ys = [], []
         for i, (x, seconds) in enumerate(samples):
             f = x if isinstance(x, StepFeatures) else step_features(x, pad_unified)
             require(seconds >= 0, f"calibration.samples[{i}].seconds", seconds, "a number >= 0")
-            rows.append((1.0, f.prefill_tokens, f.prefill_attn_pairs, f.decode_rows_padded,
-                         f.decode_context_tokens))
+            rows.append((1.0, 1.0 if f.prefill_tokens else 0.0, f.prefill_tokens, f.prefill_attn_pairs,
+                         f.decode_rows_padded, f.decode_context_tokens))
             ys.append(seconds)
         a = np.asarray(rows, dtype=float)
         y = np.asarray(ys, dtype=float)
         # Scale columns so the quadratic term (≈1e8) and the intercept (1) condition alike.
         scale = np.abs(a).max(axis=0)
         scale[scale == 0] = 1.0
-        coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
+        weight = 1.0 / np.maximum(y, 1e-6) if relative else np.ones_like(y)
+        coef, *_ = np.linalg.lstsq((a / scale) * weight[:, None], y * weight, rcond=None)
         coef = coef / scale
         pred = a @ coef
         resid = y - pred
         ss_tot = float(((y - y.mean()) ** 2).sum())
         r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
         model = cls(*(float(c) for c in coef), pad_unified=pad_unified)
-        return model, FitQuality(len(ys), float(np.sqrt((resid ** 2).mean())), r2)
+        rel = np.abs(resid) / np.maximum(y, 1e-9)
+        return model, FitQuality(len(ys), float(np.sqrt((resid ** 2).mean())), r2, float(np.median(rel)))

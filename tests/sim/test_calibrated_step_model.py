@@ -14,7 +14,7 @@ from sim.workloads import RandomWorkload
 from sim.arrivals import ArrivalSpec
 from sim.world import WorldConfig, build_world, run_world
 
-TRUE = CalibratedStepModel(intercept=2.1e-3, prefill_tokens=41e-6, prefill_attn_pairs=3.0e-10,
+TRUE = CalibratedStepModel(intercept=2.1e-3, eager_step=1.4e-3, prefill_tokens=41e-6, prefill_attn_pairs=3.0e-10,
                            decode_rows_padded=30e-6, decode_context_tokens=4.2e-8)
 
 
@@ -44,6 +44,23 @@ def test_fit_is_close_with_measurement_noise() -> None:
     model = CalibratedStepModel.fit(_samples(50e-6, n=2000))  # 50 µs timer jitter
     for k, v in TRUE.coefficients().items():
         assert model.coefficients()[k] == pytest.approx(v, rel=0.1), k
+
+
+def test_relative_fit_keeps_short_decode_steps_accurate_under_proportional_noise() -> None:
+    """Timings jitter in proportion to their length; an absolute fit would let the long
+    prefills decide the coefficients and miss the short decode steps TPOT is made of."""
+    rng = random.Random(3)
+    noisy = [(f, t * (1.0 + rng.gauss(0, 0.05))) for f, _ in _samples(0.0, n=2000)
+             for t in [TRUE.features_time(f)]]
+    decode_only = [f for f, _ in noisy if not f.prefill_tokens][:200]
+
+    def worst_decode_error(model: CalibratedStepModel) -> float:
+        return max(abs(model.features_time(f) / TRUE.features_time(f) - 1) for f in decode_only)
+
+    relative = CalibratedStepModel.fit(noisy)
+    absolute = CalibratedStepModel.fit(noisy, relative=False)
+    assert worst_decode_error(relative) < 0.03
+    assert worst_decode_error(relative) < worst_decode_error(absolute)
 
 
 def test_fit_accepts_plans_and_round_trips_through_a_dict() -> None:
