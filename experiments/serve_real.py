@@ -1,0 +1,249 @@
+"""Serve a workload through the real scheduler + KvStore + CUDA Qwen3 executor.
+
+API (for ``experiments/validate.py``; no hydra/omegaconf, importable on the device):
+
+    run_served(ckpt_dir, device="cuda", workload_cfg=None, *, out_dir=None,
+               instance_cfg=None, phases=("cold", "gpu", "cpu"), max_wall_s=300.0,
+               model=None) -> dict
+
+* ``ckpt_dir``: an HF-layout Qwen3 checkpoint (``experiments.make_checkpoint``).
+* ``device``: "cuda" or "cpu" (CPU: reference backend, ``instance_cfg`` must fix
+  ``num_blocks``; defaults below do).
+* ``workload_cfg``: dict, ``kind`` = "random" (default) with RandomWorkload fields
+  (num_requests, input_len, output_len, range_ratio, prefix_len) or "chat" with
+  num_sessions, turns, system_prompt_len, user_len, output_len, think_time_s (fixed
+  lengths); both take ``rate`` (req/s, "inf" or float), ``process`` and ``cv``; ``seed``.
+  Prompt ids are reduced modulo the model's vocabulary (the tiny model has 256).
+* ``instance_cfg``: a ``RealConfig`` or a dict of its fields (``device`` is set from the
+  argument).
+* ``phases``: the same workload is served once per phase, in order, on one instance:
+  "cold" (first contact; GPU hits only within the phase), "gpu" (again: prefixes hit the
+  GPU radix), "cpu" (first the GPU copy is evicted — ``pool.evict_inactive()`` after a
+  flush barrier — so every hit is restored from the CPU tier through CudaTransfer).
+* ``out_dir``: if given, writes ``steps.jsonl`` (StepTiming per step), ``copies.jsonl``
+  (CopyRecord per copy) and ``served.json`` (the returned dict).
+
+Returns a JSON-ready dict: ``ok`` (every request of every phase finished, the store is
+quiescent), ``phases[name]`` = {metrics (vllm-bench names, sim.metrics.summarize),
+outcomes, cache: {prompt_tokens, cached_tokens, hit_rate, gpu_blocks, cpu_blocks},
+requests: [per-request records + gpu_blocks/cpu_blocks], duration_s, timed_out},
+``steps`` (per-kind counts and seconds), ``copies`` (per direction: copies, pages, bytes,
+gpu_s, gib_s), ``store``, ``host_tier``, ``quiescent`` (open issues, [] when at rest),
+``instance`` (config, sizing, GPU name, versions), ``files``.
+
+Step record fields (StepTiming, seconds): step, kind, started_at, prefill_tokens,
+prefill [(start, n, is_final, all_logits)], decode_positions, decode_rows,
+decode_rows_padded, graph, gpu_s (CUDA events, None on CPU), wall_s (runtime time from
+execute() to result), error. ``step_features(rec)`` turns one into sim's StepFeatures.
+Copy record fields (CopyRecord): index, dir (d2h/h2d/peer), pages, runs, bytes,
+submitted_at, wall_s, gpu_s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Generator, Sequence
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+from simpy.events import Event
+
+from openinfer.backend.cuda_executor import StepTiming
+from openinfer.backend.executor import DecodeRow, PrefillRow, StepKind, StepPlan
+from openinfer.backend.instance import RealConfig, RealInstance, build_real_instance
+from openinfer.errors import ConfigError, require
+from openinfer.scheduler.request import GenerateRequest, RequestEvent, RequestHandle
+from sim.arrivals import ArrivalSpec
+from sim.client import Client
+from sim.lengths import LengthDist
+from sim.metrics import cache_summary, status_counts, summarize
+from sim.step_features import StepFeatures, step_features as plan_features
+from sim.workloads import ChatWorkload, RandomWorkload, Workload
+
+PHASES = ("cold", "gpu", "cpu")
+CPU_DEFAULTS = dict(num_blocks=512, block_size=16, host_slots=1024, max_context_tokens=2048,
+                    max_prefill_tokens=512, max_decode_batch=32)
+
+
+def make_workload(cfg: dict[str, Any] | None) -> Workload:
+    """A workload from a plain dict (see the module docstring)."""
+    cfg = dict(cfg or {})
+    kind = cfg.pop("kind", "random")
+    cfg.pop("seed", None)
+    rate = cfg.pop("rate", "inf")
+    arrival = ArrivalSpec(rate=math.inf if rate in ("inf", None) else float(rate),
+                          process=cfg.pop("process", "poisson"), cv=float(cfg.pop("cv", 1.0)))
+    if kind == "random":
+        base = dict(num_requests=8, input_len=128, output_len=16, prefix_len=64)
+        base.update(cfg)
+        return RandomWorkload(arrival=arrival, **base)
+    if kind == "chat":
+        base = dict(num_sessions=4, turns=2, system_prompt_len=64, user_len=32, output_len=16,
+                    think_time_s=0.0)
+        base.update(cfg)
+        return ChatWorkload(num_sessions=base["num_sessions"], turns=LengthDist.fixed(base["turns"]),
+                            system_prompt_len=base["system_prompt_len"],
+                            user_len=LengthDist.fixed(base["user_len"]),
+                            output_len=LengthDist.fixed(base["output_len"]),
+                            think_time_s=base["think_time_s"], arrival=arrival)
+    raise ConfigError("workload.kind", kind, "random or chat")
+
+
+def step_features(rec: StepTiming | dict[str, Any]) -> StepFeatures:
+    """sim's StepFeatures of a recorded step, with the decode padding that really ran."""
+    d = rec.as_dict() if isinstance(rec, StepTiming) else rec
+    plan = StepPlan(StepKind(d["kind"]))
+    for i, (start, n, final, all_logits) in enumerate(d["prefill"]):
+        plan.prefill.append(PrefillRow(i, None, start, [0] * n, final, all_logits=all_logits))  # type: ignore[arg-type]
+    for i, pos in enumerate(d["decode_positions"]):
+        plan.decode.append(DecodeRow(i, None, 0, pos))  # type: ignore[arg-type]
+    return replace(plan_features(plan), decode_rows_padded=d["decode_rows_padded"])
+
+
+def _instance_config(device: str, instance_cfg: RealConfig | dict[str, Any] | None) -> RealConfig:
+    if isinstance(instance_cfg, RealConfig):
+        return replace(instance_cfg, device=device)
+    given = dict(instance_cfg or {})
+    known = {f.name for f in fields(RealConfig)}
+    unknown = sorted(set(given) - known)
+    require(not unknown, "instance_cfg", unknown, f"fields of RealConfig: {sorted(known)}")
+    base = dict(CPU_DEFAULTS) if device == "cpu" else {}
+    base.update(given)
+    base["device"] = device
+    return RealConfig(**base)
+
+
+class _Tiers:
+    """Per request: blocks its resolve found in the GPU radix and restored from the CPU."""
+
+    def __init__(self, inst: RealInstance) -> None:
+        self.by_req: dict[int, tuple[int, int]] = {}
+        inst.engine.observers.append(self._on)
+
+    def _on(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "admission":
+            for p in data["result"].admitted:
+                o = p.kv_prefix.outcome
+                self.by_req[p.id] = (o.gpu_blocks, o.loaded_blocks)
+
+
+def _submitter(inst: RealInstance):  # type: ignore[no-untyped-def]
+    vocab = inst.executor.vocab_size
+
+    def submit(req: GenerateRequest, on_event: Any = None) -> RequestHandle:
+        if any(t >= vocab for t in req.prompt):
+            req = replace(req, prompt=[t % vocab for t in req.prompt])
+        return inst.engine.submit(req, on_event)
+    return submit
+
+
+def drain(inst: RealInstance) -> Generator[Event, Any, None]:
+    """Every save visible (flush barrier), every restore landed."""
+    yield inst.store.flush_saves(0)
+    yield inst.store.flush_loads(0)
+
+
+def serve_phase(inst: RealInstance, workload: Workload, tiers: _Tiers, max_wall_s: float) -> dict[str, Any]:
+    """Serve ``workload`` once through a fresh Client until every request ended."""
+    rt = inst.rt
+    start = rt.now()
+    client = Client(rt, _submitter(inst))
+    rt.spawn(workload.run(rt, client))
+    guard = rt.sleep(max_wall_s)
+    rt.run(until=rt.any_of([client.all_done, guard]))
+    timed_out = not client.all_done.triggered
+    records = sorted(client.records, key=lambda r: r.req_id)
+    reqs = []
+    gpu = cpu = 0
+    for r in records:
+        g, c = tiers.by_req.get(r.req_id, (0, 0))
+        gpu += g
+        cpu += c
+        reqs.append(dict(asdict(r), ttft=r.ttft, tpot=r.tpot, e2el=r.e2el, gpu_blocks=g, cpu_blocks=c))
+    duration = max(0.0, client.last_end_s - start)
+    return dict(metrics=summarize(records, client.itl, duration), outcomes=status_counts(records),
+                sent=client.sent, cache=dict(cache_summary(records).as_dict(), gpu_blocks=gpu, cpu_blocks=cpu),
+                requests=reqs, duration_s=round(duration, 6), timed_out=timed_out)
+
+
+def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[str] = PHASES,
+                   max_wall_s: float = 300.0) -> dict[str, Any]:
+    """Serve ``workload`` once per phase on ``inst`` (see the module docstring)."""
+    for ph in phases:
+        require(ph in PHASES, "phases", ph, f"each one of {PHASES}")
+    tiers = _Tiers(inst)
+    out: dict[str, Any] = {"phases": {}}
+    for ph in phases:
+        if ph == "cpu":
+            inst.rt.run_process(drain(inst))
+            out.setdefault("evicted_gpu_blocks", {})[ph] = inst.pool.evict_inactive()
+        out["phases"][ph] = serve_phase(inst, workload, tiers, max_wall_s)
+    inst.rt.run_process(drain(inst))
+    out["quiescent"] = inst.store.quiescent(0)
+    out["all_finished"] = all(p["outcomes"]["finished"] == p["sent"] and not p["timed_out"]
+                              for p in out["phases"].values())
+    out["ok"] = out["all_finished"] and not out["quiescent"]
+    out["steps"] = inst.executor.timing_summary()
+    out["copies"] = inst.transfer.summary() if inst.transfer is not None else None
+    out["store"] = inst.store.stats.as_dict()
+    out["host_tier"] = dict(inst.host.counters, resident_blocks=inst.host.resident_blocks(),
+                            capacity=inst.host.capacity) if inst.host is not None else None
+    return out
+
+
+def json_safe(x: Any) -> Any:
+    """Non-finite floats as strings ("inf"), so the report is strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def run_served(ckpt_dir: str | Path, device: str = "cuda", workload_cfg: dict[str, Any] | None = None, *,
+               out_dir: str | Path | None = None, instance_cfg: RealConfig | dict[str, Any] | None = None,
+               phases: Sequence[str] = PHASES, max_wall_s: float = 300.0, model: Any = None) -> dict[str, Any]:
+    """Build a real instance, serve the workload per phase, write the records; the report.
+
+    ``model``: an already loaded Qwen3Model to reuse (skips loading ``ckpt_dir``)."""
+    cfg = _instance_config(device, instance_cfg)
+    if workload_cfg and "seed" in workload_cfg:
+        cfg = replace(cfg, seed=int(workload_cfg["seed"]))
+    inst = build_real_instance(model if model is not None else ckpt_dir, cfg)
+    workload = make_workload(workload_cfg)
+    report = serve_workload(inst, workload, phases=phases, max_wall_s=max_wall_s)
+    report["workload"] = workload.describe()
+    report["instance"] = inst.describe()
+    report = json_safe(report)
+    report["files"] = {}
+    if out_dir is not None:
+        out = Path(out_dir)
+        report["files"]["steps"] = str(inst.executor.write_timings_jsonl(out / "steps.jsonl"))
+        if inst.transfer is not None:
+            report["files"]["copies"] = str(inst.transfer.write_copies_jsonl(out / "copies.jsonl"))
+        report["files"]["served"] = str(out / "served.json")
+        (out / "served.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.serve_real CKPT_DIR [DEVICE] [OUT_DIR]`` — a quick run."""
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(__doc__)
+        return 2
+    rep = run_served(args[0], args[1] if len(args) > 1 else "cuda",
+                     out_dir=args[2] if len(args) > 2 else None)
+    slim = {k: v for k, v in rep.items() if k != "phases"}
+    slim["phases"] = {k: {n: v for n, v in p.items() if n != "requests"} for k, p in rep["phases"].items()}
+    print(json.dumps(slim, indent=2, default=str))
+    return 0 if rep["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
