@@ -1,0 +1,192 @@
+"""How close the simulator comes to the real executor on a workload it was not fitted to.
+
+    python -m experiments.fidelity served=results/gpu/heldout/served.json \
+        profile=conf/profiles/h200_qwen3-0.6b.yaml [report=results/fidelity_h200.json]
+
+``served`` is what ``experiments.serve_real.run_served`` wrote on the GPU: the workload's
+description, the instance's configuration and sizing, and per phase (cold / gpu / cpu)
+every request's record. This rebuilds the same instance in the simulator (same pool and
+host-tier pages, same scheduler limits, same seed, hence the same prompts), runs the same
+phases on the fitted profile, and reports per phase the relative error of TTFT, TPOT and
+E2E latency (mean, p90, p99) and of ITL (mean, p99: the served report keeps no per-gap
+list), the throughput error, the absolute error of the per-tier hit rates in points, and
+the simulator's own wall time. The targets are the issue's: ≤ 3% TPOT and throughput,
+≤ 10% mean and ≤ 15% p99 TTFT, hit rates within 2 points.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.cli import main_guard, parse_overrides, write_report
+from experiments.serve_real import PHASES, _Tiers as RequestTiers, drain, serve_phase
+from openinfer.errors import ConfigError, require
+from sim.hardware import GiB
+from sim.model_geometry import ModelGeometry, preset as model_preset
+from sim.profile import FittedProfile
+from sim.workload_spec import workload_from_dict
+from sim.world import World, WorldConfig, build_world
+
+LATENCIES = ("ttft", "tpot", "e2el")
+TARGETS = {"tpot_mean": 0.03, "throughput": 0.03, "ttft_mean": 0.10, "ttft_p99": 0.15, "hit_points": 2.0}
+
+
+@dataclass
+class FidelityConfig:
+    served: str = ""
+    profile: str = ""
+    report: str | None = None
+    model_config: str | None = None   # config.json of the served checkpoint, if not a preset geometry
+    max_sim_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        require(bool(self.served), "served", self.served, "the served.json of a run_served on the GPU")
+        require(bool(self.profile), "profile", self.profile, "a profile YAML from experiments.calibrate")
+
+
+def _read_json(key: str, path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(key, path, f"a readable JSON report ({err})") from None
+
+
+def sim_twin(served: dict[str, Any], profile: FittedProfile, max_sim_s: float,
+             model_config: str | None = None) -> World:
+    """The simulated instance with the real one's pages, limits and seed."""
+    inst = served["instance"]
+    cfg, sizing = inst["config"], inst["sizing"]
+    geo = ModelGeometry.from_hf_config(model_config, name=profile.model) if model_config \
+        else model_preset(profile.model)
+    page = geo.kv_bytes_per_block(cfg["block_size"])
+    require(page == sizing["bytes_per_page"], "profile.model", profile.model,
+            f"the geometry of the served model (its pages are {sizing['bytes_per_page']} B, "
+            f"{profile.model}'s are {page} B)")
+    host_slots = int(sizing.get("host_slots", 0))
+    world_cfg = WorldConfig(
+        variant=cfg["variant"], block_size=cfg["block_size"],
+        num_blocks=int(sizing["num_blocks"]), host_tier_gib=(host_slots + 0.5) * page / GiB if host_slots else 0.0,
+        prefix_cache=cfg["prefix_cache"], max_prefill_tokens=cfg["max_prefill_tokens"],
+        max_decode_batch=cfg["max_decode_batch"], max_context_tokens=cfg["max_context_tokens"],
+        seed=cfg["seed"], transfer="modeled", monitors=False, max_sim_s=max_sim_s)
+    return build_world(world_cfg, hardware=profile.hardware(), model=geo, step_model=profile.step_time_model())
+
+
+def simulate_served(served: dict[str, Any], profile: FittedProfile, max_sim_s: float = 3600.0,
+                    model_config: str | None = None) -> tuple[dict[str, Any], float]:
+    """The served phases replayed in the simulator; (phases, wall seconds it took)."""
+    world = sim_twin(served, profile, max_sim_s, model_config)
+    workload = workload_from_dict(served["workload"])
+    tiers = RequestTiers(world)
+    phases: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for ph in served["phases"]:
+        require(ph in PHASES, "served.phases", ph, f"each one of {PHASES}")
+        if ph == "cpu":
+            world.rt.run_process(drain(world))
+            world.pool.evict_inactive()
+        phases[ph] = serve_phase(world, workload, tiers, max_sim_s)
+    return phases, time.perf_counter() - t0
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return dict(mean=0.0, p90=0.0, p99=0.0)
+    return dict(mean=float(arr.mean()), p90=float(np.percentile(arr, 90)), p99=float(np.percentile(arr, 99)))
+
+
+def _rel(sim: float, real: float) -> float | None:
+    return (sim - real) / real if real else None
+
+
+def phase_numbers(phase: dict[str, Any], block_size: int) -> dict[str, Any]:
+    """Latency quantiles (ms), throughput and per-tier hit rates of one served phase."""
+    done = [r for r in phase["requests"] if r["status"] == "finished"]
+    out: dict[str, Any] = {}
+    for name in LATENCIES:
+        q = _quantiles([r[name] for r in done if r.get(name) is not None])
+        out[name] = {k: v * 1e3 for k, v in q.items()}
+    m = phase["metrics"]
+    out["itl"] = dict(mean=m["mean_itl_ms"], p99=m["p99_itl_ms"])
+    out["throughput"] = dict(requests_per_s=m["request_throughput"], output_tokens_per_s=m["output_throughput"])
+    c = phase["cache"]
+    prompt = c["prompt_tokens"] or 1
+    out["hit_rate"] = dict(total=100.0 * c["hit_rate"], gpu=100.0 * c["gpu_blocks"] * block_size / prompt,
+                           cpu=100.0 * c["cpu_blocks"] * block_size / prompt)
+    out["completed"] = m["completed"]
+    return out
+
+
+def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    """Relative errors of latencies and throughput; hit-rate errors in points."""
+    err: dict[str, Any] = {}
+    for name in (*LATENCIES, "itl"):
+        err[name] = {q: _rel(sim[name][q], v) for q, v in real[name].items()}
+    err["throughput"] = {k: _rel(sim["throughput"][k], v) for k, v in real["throughput"].items()}
+    err["hit_rate_points"] = {k: sim["hit_rate"][k] - v for k, v in real["hit_rate"].items()}
+    return err
+
+
+def verdict(err: dict[str, Any]) -> dict[str, bool]:
+    def within(x: float | None, bound: float) -> bool:
+        return x is not None and abs(x) <= bound
+    return {
+        "tpot_mean": within(err["tpot"]["mean"], TARGETS["tpot_mean"]),
+        "throughput": within(err["throughput"]["output_tokens_per_s"], TARGETS["throughput"]),
+        "ttft_mean": within(err["ttft"]["mean"], TARGETS["ttft_mean"]),
+        "ttft_p99": within(err["ttft"]["p99"], TARGETS["ttft_p99"]),
+        "hit_rates": all(abs(v) <= TARGETS["hit_points"] for v in err["hit_rate_points"].values()),
+    }
+
+
+def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
+    served = _read_json("served", cfg.served)
+    profile = FittedProfile.load(cfg.profile)
+    sim_phases, sim_wall = simulate_served(served, profile, cfg.max_sim_s, cfg.model_config)
+    bs = served["instance"]["config"]["block_size"]
+    phases = {}
+    for ph, real_phase in served["phases"].items():
+        real, sim = phase_numbers(real_phase, bs), phase_numbers(sim_phases[ph], bs)
+        err = compare(real, sim)
+        phases[ph] = dict(real=real, sim=sim, error=err, met=verdict(err))
+    return dict(served=cfg.served, profile=cfg.profile, gpu=profile.gpu, profile_date=profile.date,
+                model=profile.model, workload=served["workload"], targets=TARGETS, phases=phases,
+                sim_wall_s=round(sim_wall, 3), real_wall_s=sum(p["duration_s"] for p in served["phases"].values()))
+
+
+def _pct(x: float | None) -> str:
+    return "  n/a " if x is None else f"{100 * x:+6.1f}%"
+
+
+def print_fidelity(rep: dict[str, Any]) -> None:
+    print(f"fidelity: {rep['model']} on {rep['gpu']} (profile {rep['profile_date']}), held-out workload "
+          f"{rep['workload']['kind']}; simulator {rep['sim_wall_s']:.2f} s vs real {rep['real_wall_s']:.2f} s")
+    for ph, p in rep["phases"].items():
+        e, r = p["error"], p["real"]
+        print(f"  {ph:5s} real TTFT {r['ttft']['mean']:8.2f} ms  TPOT {r['tpot']['mean']:6.2f} ms  "
+              f"hit {r['hit_rate']['total']:5.1f}% (gpu {r['hit_rate']['gpu']:.1f}, cpu {r['hit_rate']['cpu']:.1f})")
+        print(f"        error TTFT mean {_pct(e['ttft']['mean'])} p90 {_pct(e['ttft']['p90'])} p99 {_pct(e['ttft']['p99'])}"
+              f" | TPOT mean {_pct(e['tpot']['mean'])} p99 {_pct(e['tpot']['p99'])}"
+              f" | ITL mean {_pct(e['itl']['mean'])} | E2E mean {_pct(e['e2el']['mean'])}"
+              f" | tput {_pct(e['throughput']['output_tokens_per_s'])}"
+              f" | hit {max(abs(v) for v in e['hit_rate_points'].values()):.1f} pts")
+        print("        met: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in p["met"].items()))
+
+
+@main_guard
+def main(argv: list[str]) -> None:
+    cfg = parse_overrides(FidelityConfig, argv)
+    rep = fidelity(cfg)
+    print_fidelity(rep)
+    write_report(cfg.report, rep)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""From the real executor's timing records to a :class:`~sim.profile.FittedProfile`.
+
+``experiments.validate`` writes one JSON line per executed step and per page copy. A step
+line carries the plan's counts (either the :class:`~sim.step_features.StepFeatures` fields
+themselves, or the raw rows: ``prefill`` as ``[start, n, is_final, all_logits]`` or dicts,
+``decode_positions`` and ``decode_rows_padded``: the CudaExecutor's ``StepTiming``), the
+step ``kind``, ``started_at`` and its measured seconds (``wall_s``: what the scheduler
+waited, the default target; ``gpu_s``: CUDA-event time). A copy line (``CopyRecord``)
+carries ``dir`` (``d2h``/``h2d``), ``bytes`` and ``wall_s`` / ``gpu_s``. Everything here is pure
+arithmetic on those records, so it is tested on the CPU with synthetic timings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from openinfer.backend.executor import StepKind
+from openinfer.errors import ConfigError, require
+from sim.calibrated_step_model import CalibratedStepModel
+from sim.profile import LinkFit
+from sim.step_features import StepFeatures, padded_batch
+
+FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures))
+COPY_DIRECTIONS = ("d2h", "h2d")
+GiB = 1024 ** 3
+MAX_BACK_TO_BACK_GAP_S = 0.02  # a longer gap means the engine had nothing to run, not overhead
+
+
+def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as err:
+            raise ConfigError("steps", str(path), f"a readable JSONL file of timing records ({err})") from None
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{path}:{n}", line[:60], f"one JSON object per line ({err})") from None
+    return out
+
+
+def is_copy(rec: Mapping[str, Any]) -> bool:
+    return rec.get("dir") in COPY_DIRECTIONS
+
+
+def features_of(rec: Mapping[str, Any]) -> StepFeatures:
+    """The step counts of one record, whichever of the two forms it uses."""
+    given = rec.get("features", rec)
+    if all(k in given for k in FEATURE_FIELDS):
+        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS})
+    if "prefill" not in rec and "decode_positions" not in rec:
+        raise ConfigError("step record", sorted(rec)[:8], f"the fields {', '.join(FEATURE_FIELDS)} "
+                          "or prefill + decode_positions")
+    tokens = pairs = ctx = logits = 0
+    for row in rec.get("prefill", ()):
+        if isinstance(row, Mapping):
+            start, n, final, all_logits = row["start"], row["n"], row.get("is_final", False), row.get("all_logits", False)
+        else:
+            start, n = row[0], row[1]
+            final = bool(row[2]) if len(row) > 2 else False
+            all_logits = bool(row[3]) if len(row) > 3 else False
+        tokens += n
+        pairs += n * start + n * (n + 1) // 2
+        ctx += start + n
+        logits += n if all_logits else (1 if final else 0)
+    positions = list(rec.get("decode_positions", ()))
+    rows = len(positions)
+    pure_decode = rec.get("kind", StepKind.DECODE.value if not tokens else "") == StepKind.DECODE.value
+    padded = rec.get("decode_rows_padded", padded_batch(rows) if pure_decode else rows)
+    return StepFeatures(tokens, pairs, ctx, logits, rows, int(padded), sum(positions) + rows)
+
+
+def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> list[tuple[StepFeatures, float]]:
+    out = []
+    for rec in records:
+        if is_copy(rec) or rec.get("type") == "copy":
+            continue
+        if rec.get("error"):
+            continue  # a failed step's time says nothing about a step's cost
+        require(rec.get(target) is not None, f"step record.{target}", None,
+                f"records that carry {target} (choose target=wall_s or target=gpu_s)")
+        out.append((features_of(rec), float(rec[target])))
+    return out
+
+
+def host_gap_s(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> tuple[float, int]:
+    """Median time between one step's end and the next one's start when they ran back to
+    back (same ``run``; gaps over MAX_BACK_TO_BACK_GAP_S are idle time, not overhead)."""
+    steps = [r for r in records if not is_copy(r) and "started_at" in r and r.get(target) is not None]
+    gaps = []
+    for a, b in zip(steps, steps[1:]):
+        if a.get("run") != b.get("run"):
+            continue
+        gap = float(b["started_at"]) - (float(a["started_at"]) + float(a[target]))
+        if 0 <= gap < MAX_BACK_TO_BACK_GAP_S:
+            gaps.append(gap)
+    return (float(np.median(gaps)) if gaps else 0.0), len(gaps)
+
+
+@dataclass(frozen=True)
+class CopyFits:
+    d2h: LinkFit | None
+    h2d: LinkFit | None
+
+
+def fit_link(samples: Sequence[tuple[int, float]]) -> LinkFit:
+    """``seconds = latency + bytes / bandwidth`` by relative least squares; with one copy
+    size only the bandwidth is identifiable, so the latency is taken as 0."""
+    require(len(samples) >= 1, "copies", 0, "at least one copy record per direction")
+    b = np.asarray([s[0] for s in samples], dtype=float)
+    y = np.asarray([s[1] for s in samples], dtype=float)
+    w = 1.0 / np.maximum(y, 1e-9)
+    if len(set(b.tolist())) >= 2:
+        a = np.stack([np.ones_like(b), b / GiB], axis=1)
+        (lat, per_gib), *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+        if per_gib <= 0:
+            lat, per_gib = 0.0, float(np.median(y / (b / GiB)))
+        lat = max(0.0, float(lat))
+    else:
+        lat, per_gib = 0.0, float(np.median(y / (b / GiB)))
+    pred = lat + b / GiB * per_gib
+    return LinkFit(gib_s=1.0 / float(per_gib), latency_s=lat, samples=len(samples),
+                   median_rel_error=float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12))))
+
+
+def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> CopyFits:
+    """Per direction, the link as the store saw it (``wall_s``: submit to completion
+    observed) or as the copy engine ran it (``gpu_s``)."""
+    by_dir: dict[str, list[tuple[int, float]]] = {d: [] for d in COPY_DIRECTIONS}
+    for rec in records:
+        if is_copy(rec):
+            seconds = rec.get(target)
+            if seconds is not None and rec.get("bytes", 0) > 0 and seconds > 0:
+                by_dir[rec["dir"]].append((int(rec["bytes"]), float(seconds)))
+    return CopyFits(*(fit_link(by_dir[d]) if by_dir[d] else None for d in COPY_DIRECTIONS))
+
+
+def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
+              ) -> tuple[CalibratedStepModel, dict[str, Any]]:
+    model, q = CalibratedStepModel.fit_with_quality(step_samples(records, target))
+    return model, dict(samples=q.samples, rmse_s=q.rmse_s, r2=q.r2, median_rel_error=q.median_rel_error)

@@ -1,0 +1,115 @@
+"""A fitted hardware profile: what ``experiments.calibrate`` learned from one GPU and model.
+
+The roofline guesses; a profile knows. It holds the step-time coefficients fitted on the
+real executor's timings, the copy links fitted on its D2H/H2D timings, and where they came
+from (GPU name, date, sample counts, fit quality), so a simulator run that uses it can say
+which measurements its numbers stand on. It is a YAML file under ``conf/profiles/`` so it
+travels with the configs; step coefficients are per (GPU, model geometry), which is why
+the profile also names the model it was fitted on and refuses another by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from openinfer.errors import ConfigError, require
+from sim.calibrated_step_model import CalibratedStepModel
+from sim.hardware import HardwareSpec, preset as hardware_preset
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``seconds = latency_s + bytes / (gib_s · 2^30)`` for one copy direction."""
+
+    gib_s: float
+    latency_s: float
+    samples: int = 0
+    median_rel_error: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(self.gib_s > 0, "profile.copies.gib_s", self.gib_s, "a number > 0 (GiB/s)")
+        require(self.latency_s >= 0, "profile.copies.latency_s", self.latency_s, "a number >= 0 (s)")
+
+
+@dataclass(frozen=True)
+class FittedProfile:
+    name: str
+    gpu: str
+    date: str
+    model: str                              # the geometry the step coefficients belong to
+    base_hardware: str = "h200"             # preset whose other fields (memory, peer link) stay
+    step_model: CalibratedStepModel = field(default_factory=CalibratedStepModel)
+    d2h: LinkFit | None = None
+    h2d: LinkFit | None = None
+    host_overhead_s: float = 0.0            # scheduler time between back-to-back steps, folded in
+    quality: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def hardware(self) -> HardwareSpec:
+        """The base preset with the fitted copy links. The per-step fixed cost lives in the
+        step model's intercept, so the preset's ``step_overhead_s`` is not added again."""
+        hw = hardware_preset(self.base_hardware)
+        changes: dict[str, Any] = {"name": self.name, "step_overhead_s": 0.0}
+        latencies = [link.latency_s for link in (self.d2h, self.h2d) if link is not None]
+        if self.d2h is not None:
+            changes["d2h_gib_s"] = self.d2h.gib_s
+        if self.h2d is not None:
+            changes["h2d_gib_s"] = self.h2d.gib_s
+        if latencies:
+            changes["copy_latency_s"] = sum(latencies) / len(latencies)
+        fastest = max(changes.get("d2h_gib_s", 0.0), changes.get("h2d_gib_s", 0.0))
+        if fastest > hw.pcie_gib_s:  # measured beats the preset's link: the measurement wins
+            changes["pcie_gib_s"] = fastest
+        return replace(hw, **changes)
+
+    def step_time_model(self) -> CalibratedStepModel:
+        """The fitted coefficients with the host gap between steps added to the intercept:
+        in the simulator the scheduler's own work takes no time, on the real engine it does."""
+        sm = self.step_model
+        return replace(sm, intercept=sm.intercept + self.host_overhead_s)
+
+    def check_model(self, model_name: str) -> None:
+        require(model_name == self.model, "profile.model", self.model,
+                f"a profile fitted on {model_name!r} (this one was fitted on {self.model!r}; "
+                "step coefficients do not carry over between geometries)")
+
+    # -- files ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FittedProfile:
+        known = set(cls.__dataclass_fields__)
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"profile.{key}", data[key], f"one of {', '.join(sorted(known))}")
+        d = dict(data)
+        d["step_model"] = CalibratedStepModel.from_dict(d.get("step_model") or {})
+        for link in ("d2h", "h2d"):
+            if d.get(link) is not None:
+                d[link] = LinkFit(**d[link])
+        return cls(**d)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        header = (f"# Fitted by python -m experiments.calibrate on {self.gpu} ({self.date}).\n"
+                  f"# Step coefficients are for {self.model}; see sim/profile.py.\n")
+        p.write_text(header + yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> FittedProfile:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError("profile", str(path), f"a readable profile YAML from experiments.calibrate ({err})") \
+                from None
+        if not isinstance(data, dict):
+            raise ConfigError("profile", str(path), "a YAML mapping written by experiments.calibrate")
+        return cls.from_dict(data)

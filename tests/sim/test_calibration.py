@@ -1,0 +1,133 @@
+"""Calibration from timing records: the fit recovers what generated the timings, the
+profile round-trips through its YAML file, and bad inputs name their field."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from experiments.calibrate import CalibrateConfig, calibrate
+from openinfer.errors import ConfigError
+from sim.arrivals import ArrivalSpec
+from sim.calibrated_step_model import CalibratedStepModel
+from sim.calibration import features_of, fit_copies, fit_steps, host_gap_s
+from sim.lengths import LengthDist
+from sim.profile import FittedProfile, LinkFit
+from sim.step_features import padded_batch
+from sim.workload_spec import workload_from_dict
+from sim.workloads import ChatWorkload, RandomWorkload, SyntheticWorkload
+
+TRUE = CalibratedStepModel(intercept=1.8e-3, eager_step=2.5e-3, prefill_tokens=35e-6, prefill_attn_pairs=2e-10,
+                           decode_rows_padded=25e-6, decode_context_tokens=3e-8)
+GAP_S = 0.4e-3
+D2H_GIB_S, H2D_GIB_S, LAT_S = 18.0, 22.0, 15e-6
+
+
+def step_records(n: int = 400, seed: int = 5) -> list[dict]:
+    """Records in the CudaExecutor's StepTiming layout, timed by TRUE, back to back."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(n):
+        prefill = []
+        if rng.random() < 0.4:
+            prefill = [[rng.choice([0, 512, 2048]), rng.randint(16, 1024), True, False]]
+        rows = rng.randint(0 if prefill else 1, 64)
+        positions = [rng.randint(16, 4000) for _ in range(rows)]
+        kind = "decode" if not prefill else ("unified" if rows else "prefill")
+        rec = dict(step=i + 1, kind=kind, started_at=t, prefill_tokens=sum(p[1] for p in prefill),
+                   prefill=prefill, decode_positions=positions, decode_rows=rows,
+                   decode_rows_padded=padded_batch(rows) if kind == "decode" else rows,
+                   graph=kind == "decode", gpu_s=None, wall_s=0.0, error=None)
+        rec["wall_s"] = TRUE.features_time(features_of(rec)) * (1 + rng.gauss(0, 0.01))
+        t += rec["wall_s"] + GAP_S
+        out.append(rec)
+    return out
+
+
+def copy_records() -> list[dict]:
+    out = []
+    for i, pages in enumerate([1, 2, 4, 8, 16, 32, 64] * 3):
+        for d, bw in (("d2h", D2H_GIB_S), ("h2d", H2D_GIB_S)):
+            b = pages * 2 ** 21
+            out.append(dict(index=i, dir=d, pages=pages, runs=1, bytes=b, submitted_at=0.0,
+                            wall_s=LAT_S + b / (bw * 2 ** 30), gpu_s=None))
+    return out
+
+
+def test_fit_recovers_step_coefficients_host_gap_and_links() -> None:
+    recs = step_records()
+    model, quality = fit_steps(recs)
+    for k, v in TRUE.coefficients().items():
+        assert model.coefficients()[k] == pytest.approx(v, rel=0.15, abs=2e-5), k
+    assert quality["median_rel_error"] < 0.02
+    gap, n = host_gap_s(recs)
+    assert gap == pytest.approx(GAP_S, rel=1e-6) and n == len(recs) - 1
+    links = fit_copies(copy_records())
+    assert links.d2h.gib_s == pytest.approx(D2H_GIB_S, rel=1e-6)
+    assert links.h2d.gib_s == pytest.approx(H2D_GIB_S, rel=1e-6)
+    assert links.d2h.latency_s == pytest.approx(LAT_S, rel=1e-4)
+
+
+def test_calibrate_writes_a_profile_that_drives_the_simulator(tmp_path) -> None:
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("".join(json.dumps(r) + "\n" for r in step_records() + copy_records()))
+    report = tmp_path / "validate.json"
+    report.write_text(json.dumps({"environment": {"gpu": "NVIDIA H200", "date": "2026-12-03T01:00:00"}}))
+    p = calibrate(CalibrateConfig(steps=str(steps), model="qwen3-0.6b", validate_report=str(report)))
+    assert (p.gpu, p.date, p.name) == ("NVIDIA H200", "2026-12-03", "h200_qwen3-0.6b")
+    path = p.save(tmp_path / "prof.yaml")
+    back = FittedProfile.load(path)
+    assert back == p
+    hw = back.hardware()
+    assert (hw.d2h_gib_s, hw.h2d_gib_s) == pytest.approx((D2H_GIB_S, H2D_GIB_S), rel=1e-6)
+    assert hw.step_overhead_s == 0.0  # the intercept carries the fixed cost, once
+    sm = back.step_time_model()
+    assert sm.intercept == pytest.approx(p.step_model.intercept + GAP_S)
+    back.check_model("qwen3-0.6b")
+    with pytest.raises(ConfigError, match="profile.model"):
+        back.check_model("qwen3-4b")
+
+
+def test_profile_and_records_reject_bad_input_by_name(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="profile.slope"):
+        FittedProfile.from_dict(dict(name="x", gpu="g", date="d", model="m", slope=1))
+    with pytest.raises(ConfigError, match="profile.copies.gib_s"):
+        LinkFit(gib_s=0.0, latency_s=0.0)
+    with pytest.raises(ConfigError, match="step record"):
+        features_of({"kind": "decode"})
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json}\n")
+    with pytest.raises(ConfigError, match="bad.jsonl:1"):
+        calibrate(CalibrateConfig(steps=str(bad), model="m", gpu="g", date="d"))
+
+
+def test_calibrate_cli_names_a_bad_key_and_exits_2() -> None:
+    out = subprocess.run([sys.executable, "-m", "experiments.calibrate", "steps=x", "model=m", "target=cpu_s"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "target" in out.stderr and "wall_s" in out.stderr
+
+
+@pytest.mark.parametrize("workload", [
+    RandomWorkload(num_requests=7, input_len=300, output_len=20, range_ratio=0.2, prefix_len=64,
+                   arrival=ArrivalSpec(5.0, "gamma", 2.0)),
+    SyntheticWorkload(num_requests=3, input=LengthDist.uniform(10, 90), output=LengthDist.lognormal(50, 0.3),
+                      shared_prefix_len=16),
+    ChatWorkload(num_sessions=2, turns=LengthDist.fixed(3), user_len=LengthDist.fixed(40),
+                 arrival=ArrivalSpec(math.inf), max_requests=5),
+])
+def test_a_described_workload_rebuilds_the_same_workload(workload) -> None:
+    d = json.loads(json.dumps(workload.describe()).replace("Infinity", '"inf"'))  # a strict-JSON report
+    assert workload_from_dict(d) == workload
+
+
+def test_workload_from_dict_names_unknown_fields() -> None:
+    with pytest.raises(ConfigError, match="workload.qps"):
+        workload_from_dict(dict(kind="random", qps=3))
+    with pytest.raises(ConfigError, match="workload.kind"):
+        workload_from_dict(dict(kind="trace"))
