@@ -56,6 +56,7 @@ class Router:
         self._rr = 0
         self._next_id = 1
         self.placements: dict[str, int] = {}
+        self.prompt_tokens: dict[str, int] = {}  # prompt tokens routed to each instance (tier hit rates)
 
     def submit(self, req: GenerateRequest, on_event: Callable[[RequestEvent], None] | None = None) -> RequestHandle:
         rid = self._next_id
@@ -103,6 +104,7 @@ class Router:
         else:
             w = self._least(pool)
         self.placements[w.engine.name] = self.placements.get(w.engine.name, 0) + 1
+        self.prompt_tokens[w.engine.name] = self.prompt_tokens.get(w.engine.name, 0) + len(req.prompt)
         return w
 
     @staticmethod

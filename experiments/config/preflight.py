@@ -1,0 +1,146 @@
+"""Check a command line's overrides before Hydra starts any job.
+
+Hydra reports a misspelt key or a wrong type as a composition stack trace, and only the
+simulator's dataclasses know the ranges. Here every combination a ``-m`` grid would run
+is composed with Hydra's own compose API and built (``experiments.config.build``); the
+first problem becomes ``error: KEY=VALUE is invalid: expected ...`` and exit code 2. An
+Optuna search space (``interval(...)``) is left to the sweeper: each trial still checks
+its config when it builds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from experiments.config.build import build
+from experiments.config.schema import GROUPS, register
+from openinfer.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+MAX_COMBOS = 64
+
+
+def user_overrides(argv: list[str]) -> list[str]:
+    """The ``key=value`` arguments (Hydra's flags such as -m, --cfg job are not overrides)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"):
+            skip = a not in ("--info", "-i")
+            continue
+        if a.startswith("-"):
+            continue
+        out.append(a)
+    return out
+
+
+def combinations(overrides: list[str]) -> list[list[str]]:
+    """Every job a basic grid would run (sweeps of a hydra.* key or a search space excluded)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    axes: list[list[str]] = []
+    for o in parsed:
+        key = o.get_key_element()
+        if key.startswith("hydra") and not key.startswith(("hydra/launcher", "hydra/sweeper")):
+            continue
+        if o.is_sweep_override():
+            if o.is_interval_sweep() or o.is_range_sweep() and False:
+                continue
+            try:
+                values = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            except Exception:  # noqa: BLE001 - a search space only the sweeper understands
+                continue
+            axes.append(values)
+        else:
+            axes.append([o.input_line])
+    combos = [list(c) for c in itertools.product(*axes)] if axes else [[]]
+    return combos[:MAX_COMBOS]
+
+
+def _allowed_keys(full_key: str) -> str:
+    group = full_key.split(".", 1)[0]
+    if group in GROUPS:
+        from dataclasses import fields
+        return f"one of the keys {', '.join(f.name for f in fields(GROUPS[group]))} of {group}"
+    return f"one of the groups {', '.join(GROUPS)}"
+
+
+def _options(group: str, config_name: str) -> list[str]:
+    d = CONF_DIR / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def explain(err: BaseException, config_name: str = "config") -> str:
+    """One line naming the key, the value and what is accepted."""
+    if isinstance(err, ConfigError):
+        return str(err)
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        full_key = str(getattr(cause, "full_key", "") or "")
+        msg = str(cause).splitlines()[0]
+        value = getattr(cause, "value", None)
+        if "not in" in msg or "Key '" in msg and "not" in msg:
+            return f"{full_key or msg}: no such key; expected {_allowed_keys(full_key)}"
+        m = re.search(r"could not be converted to (\w+)", msg) or re.search(r"Value '.*' is not a valid (\w+)", msg)
+        expected = f"a value of type {m.group(1).lower()}" if m else msg
+        shown = f"{value!r}" if value is not None else re.sub(r"^Value '(.*?)'.*", r"'\1'", msg)
+        return f"{full_key}={shown} is invalid: expected {expected}"
+    text = str(err)
+    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if isinstance(err, MissingConfigException) or m:
+        if m:
+            group, option = m.group(1), m.group(2)
+            opts = _options(group, config_name)
+            return f"{group}={option} is invalid: expected one of {', '.join(opts)}"
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        return f"{m.group(1)}: no such key; expected {_allowed_keys(m.group(1))}"
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+def check(argv: list[str], config_name: str = "config") -> str | None:
+    """The first problem of any job the command line would run, or None."""
+    register()
+    try:
+        combos = combinations(user_overrides(argv))
+    except HydraException as err:
+        return f"cannot parse the overrides: {str(err).splitlines()[0]}"
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            for combo in combos:
+                try:
+                    cfg = compose(config_name=config_name, overrides=combo)
+                    build(cfg)
+                except (HydraException, OmegaConfBaseException, ConfigError) as err:
+                    return explain(err, config_name)
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def guard(argv: list[str], config_name: str) -> None:
+    """Exit 2 with one line on stderr when the overrides are wrong."""
+    problem = check(argv, config_name)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def to_plain(cfg: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
