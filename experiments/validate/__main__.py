@@ -1,0 +1,3 @@
+from experiments.validate.main import main
+
+main()

@@ -1,0 +1,55 @@
+"""Tiny multiruns through joblib and through submitit's local executor, each collected."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import plots
+
+
+def _sweep_and_collect(tmp_path: Path, *extra: str) -> list[dict[str, str]]:
+    cmd = [sys.executable, "-m", "experiments.sweep", "-m", "workload.qps=4,8", "workload.num_requests=12",
+           "experiment.settle_s=1", f"hydra.sweep.dir={tmp_path}", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = tmp_path / "table.csv"
+    p = subprocess.run([sys.executable, "-m", "experiments.collect", str(tmp_path), f"out={out}"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    with open(out, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_joblib_multirun_is_collected(tmp_path: Path) -> None:
+    rows = _sweep_and_collect(tmp_path)
+    assert sorted(r["workload.qps"] for r in rows) == ["4", "8"]
+    assert all(r["variant"] == "fixed" and r["finished"] == r["sent"] for r in rows)
+    assert plots.vs_qps(rows, tmp_path / "qps.png") and (tmp_path / "qps.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_submitit_local_multirun_is_collected(tmp_path: Path) -> None:
+    rows = _sweep_and_collect(tmp_path, "hydra/launcher=local")
+    assert sorted(r["workload.qps"] for r in rows) == ["4", "8"]
+
+
+def test_slurm_launcher_config_composes() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from experiments.config.preflight import CONF_DIR
+    from experiments.config.schema import register
+
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("sweep", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+        assert "SlurmLauncher" in cfg.hydra.launcher._target_
+        cfg = compose("sweep", overrides=["hydra/sweeper=host_tier"], return_hydra_config=True)
+        assert "Optuna" in cfg.hydra.sweeper._target_
+    GlobalHydra.instance().clear()

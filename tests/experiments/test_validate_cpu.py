@@ -1,0 +1,105 @@
+"""experiments.validate on the CPU with the tiny model: every section that can run without
+a GPU runs (golden vs HF transformers, the offload round trip through CudaTransfer, the
+step grid through CudaExecutor, both served workloads through run_served); benchmarks
+need CUDA events and graphs and must say so. The GPU run is scripts/device_validate.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("transformers")
+pytest.importorskip("simpy")
+
+from experiments.cli import parse_overrides  # noqa: E402
+from experiments.validate.main import ValidateConfig, run  # noqa: E402
+from openinfer.errors import ConfigError  # noqa: E402
+from sim.calibration import fit_copies, read_jsonl, step_samples  # noqa: E402
+from sim.workload_spec import workload_from_dict  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("validate")
+    cfg = parse_overrides(ValidateConfig, [f"report={out}/report.json", "device=cpu", "dtype=float32",
+                                           "golden_sizes=tiny", "bench_size=tiny", "served_size=tiny",
+                                           f"scratch={out}/ckpt"])
+    rep = run(cfg)
+    return rep, out
+
+
+def test_report_is_written_with_environment(report):
+    rep, out = report
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["environment"]["torch"] == torch.__version__
+    assert on_disk["environment"]["date"] == on_disk["environment"]["date_utc"][:10]
+    assert set(on_disk) >= {"golden", "offload", "served", "bench", "steps", "summary"}
+    assert not (out / "ckpt").exists() or not any((out / "ckpt").iterdir())  # checkpoints removed
+
+
+def test_golden_tiny_passes_both_backends(report):
+    g = report[0]["golden"]["tiny"]
+    assert g["status"] == "ok", g.get("error")
+    for backend in ("reference", "triton"):
+        cases = g["backends"][backend]["cases"]
+        assert set(cases) == {"cold_prefill", "prefix_hit_prefill", "decode"}   # graphs: GPU only
+        for c in cases.values():
+            assert c["passed"] and c["rel_err_vs_hf"] < 1e-4 and c["top1_vs_hf"] == 1.0
+
+
+def test_offload_round_trip_is_byte_identical(report):
+    o = report[0]["offload"]
+    assert o["status"] == "ok", o.get("error")
+    assert o["round_trip"]["restored_identical"] and o["round_trip"]["host_copy_identical"]
+
+
+def test_benchmarks_skip_without_cuda(report):
+    b = report[0]["bench"]
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert b["status"] == "skipped" and "CUDA" in b["reason"]
+
+
+def test_grid_records_feed_the_calibration(report):
+    rep, out = report
+    s = rep["steps"]
+    assert s["status"] == "ok", s.get("error")
+    recs = read_jsonl([out / s["file"]["path"]])
+    assert len(recs) == s["records"] > 0
+    kinds = {r["kind"] for r in recs}
+    assert kinds == {"prefill", "decode", "unified"}
+    samples = step_samples(recs)
+    assert len(samples) == len(recs) and all(sec > 0 for _, sec in samples)
+    assert all(r["run"] != recs[0]["run"] for r in recs[1:])   # no host gaps read from the grid
+
+
+def test_served_workloads_finish_with_hits_from_both_tiers(report):
+    rep, out = report
+    sv = rep["served"]
+    assert sv["status"] == "ok", sv.get("error")
+    assert set(sv["workloads"]) == {"fit", "heldout"}
+    for name, w in sv["workloads"].items():
+        assert w["ok"] and w["all_finished"], name
+        assert w["gpu_hit_blocks"] > 0 and w["cpu_hit_blocks"] > 0, name
+        desc = json.loads(json.dumps(w["workload"]))
+        if desc["arrival"]["rate"] == "inf":             # run_served writes non-finite floats as strings
+            desc["arrival"]["rate"] = float("inf")
+        wl = workload_from_dict(desc)                    # the simulator can rebuild it exactly
+        assert wl.describe() == desc
+        recs = read_jsonl([out / w["file"]["path"]])
+        assert step_samples([r for r in recs if r["type"] == "step"])
+        assert fit_copies(recs).d2h is not None or all(r["type"] != "copy" for r in recs)
+    assert sv["workloads"]["fit"]["workload"]["kind"] != sv["workloads"]["heldout"]["workload"]["kind"]
+
+
+def test_unknown_key_and_section_are_refused():
+    with pytest.raises(ConfigError, match="repats"):
+        parse_overrides(ValidateConfig, ["report=x.json", "repats=3"])
+    with pytest.raises(ConfigError, match="sections"):
+        parse_overrides(ValidateConfig, ["report=x.json", "sections=golden,bogus"])
