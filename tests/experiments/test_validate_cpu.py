@@ -20,7 +20,7 @@ pytest.importorskip("simpy")
 from experiments.cli import parse_overrides  # noqa: E402
 from experiments.validate.main import ValidateConfig, run  # noqa: E402
 from openinfer.errors import ConfigError  # noqa: E402
-from sim.calibration import fit_copies, read_jsonl, step_samples  # noqa: E402
+from sim.calibration import read_jsonl, step_samples  # noqa: E402
 from sim.workload_spec import workload_from_dict  # noqa: E402
 
 
@@ -94,7 +94,8 @@ def test_served_workloads_finish_with_hits_from_both_tiers(report):
         assert wl.describe() == desc
         recs = read_jsonl([out / w["file"]["path"]])
         assert step_samples([r for r in recs if r["type"] == "step"])
-        assert fit_copies(recs).d2h is not None or all(r["type"] != "copy" for r in recs)
+        copies = [r for r in recs if r["type"] == "copy"]
+        assert copies and {r["dir"] for r in copies} >= {"d2h", "h2d"}   # CPU copies: 0 s, unfit
     assert sv["workloads"]["fit"]["workload"]["kind"] != sv["workloads"]["heldout"]["workload"]["kind"]
 
 
