@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from experiments.cli import main_guard, parse_overrides, write_report
-from experiments.serve_real import PHASES, _Tiers as RequestTiers, drain, serve_phase
+from experiments.serve_real import PHASES, RequestTiers, drain, serve_phase
 from openinfer.errors import ConfigError, require
 from sim.hardware import GiB
 from sim.model_geometry import ModelGeometry, preset as model_preset

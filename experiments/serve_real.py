@@ -59,7 +59,8 @@ from sim.arrivals import ArrivalSpec
 from sim.client import Client
 from sim.lengths import LengthDist
 from sim.metrics import cache_summary, status_counts, summarize
-from sim.step_features import StepFeatures, step_features as plan_features
+from sim.calibration import features_of
+from sim.step_features import StepFeatures
 from sim.workloads import ChatWorkload, RandomWorkload, Workload
 
 PHASES = ("cold", "gpu", "cpu")
@@ -93,13 +94,7 @@ def make_workload(cfg: dict[str, Any] | None) -> Workload:
 
 def step_features(rec: StepTiming | dict[str, Any]) -> StepFeatures:
     """sim's StepFeatures of a recorded step, with the decode padding that really ran."""
-    d = rec.as_dict() if isinstance(rec, StepTiming) else rec
-    plan = StepPlan(StepKind(d["kind"]))
-    for i, (start, n, final, all_logits) in enumerate(d["prefill"]):
-        plan.prefill.append(PrefillRow(i, None, start, [0] * n, final, all_logits=all_logits))  # type: ignore[arg-type]
-    for i, pos in enumerate(d["decode_positions"]):
-        plan.decode.append(DecodeRow(i, None, 0, pos))  # type: ignore[arg-type]
-    return replace(plan_features(plan), decode_rows_padded=d["decode_rows_padded"])
+    return features_of(rec.as_dict() if isinstance(rec, StepTiming) else rec)
 
 
 def _instance_config(device: str, instance_cfg: RealConfig | dict[str, Any] | None) -> RealConfig:
@@ -115,7 +110,7 @@ def _instance_config(device: str, instance_cfg: RealConfig | dict[str, Any] | No
     return RealConfig(**base)
 
 
-class _Tiers:
+class RequestTiers:
     """Per request: blocks its resolve found in the GPU radix and restored from the CPU."""
 
     def __init__(self, inst: RealInstance) -> None:
@@ -145,7 +140,7 @@ def drain(inst: RealInstance) -> Generator[Event, Any, None]:
     yield inst.store.flush_loads(0)
 
 
-def serve_phase(inst: RealInstance, workload: Workload, tiers: _Tiers, max_wall_s: float) -> dict[str, Any]:
+def serve_phase(inst: RealInstance, workload: Workload, tiers: RequestTiers, max_wall_s: float) -> dict[str, Any]:
     """Serve ``workload`` once through a fresh Client until every request ended."""
     rt = inst.rt
     start = rt.now()
@@ -173,7 +168,7 @@ def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[s
     """Serve ``workload`` once per phase on ``inst`` (see the module docstring)."""
     for ph in phases:
         require(ph in PHASES, "phases", ph, f"each one of {PHASES}")
-    tiers = _Tiers(inst)
+    tiers = RequestTiers(inst)
     out: dict[str, Any] = {"phases": {}}
     for ph in phases:
         if ph == "cpu":
