@@ -51,7 +51,6 @@ from typing import Any
 from simpy.events import Event
 
 from openinfer.backend.cuda_executor import StepTiming
-from openinfer.backend.executor import DecodeRow, PrefillRow, StepKind, StepPlan
 from openinfer.backend.instance import RealConfig, RealInstance, build_real_instance
 from openinfer.errors import ConfigError, require
 from openinfer.scheduler.request import GenerateRequest, RequestEvent, RequestHandle
