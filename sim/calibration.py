@@ -49,7 +49,7 @@ def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 
 def is_copy(rec: Mapping[str, Any]) -> bool:
-    return rec.get("dir") in COPY_DIRECTIONS
+    return rec.get("type") == "copy" or "dir" in rec
 
 
 def features_of(rec: Mapping[str, Any]) -> StepFeatures:
@@ -57,11 +57,11 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     given = rec.get("features", rec)
     if all(k in given for k in FEATURE_FIELDS):
         return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS})
-    if "prefill" not in rec and "decode_positions" not in rec:
+    if "prefill" not in rec and "prefill_rows" not in rec and "decode_positions" not in rec:
         raise ConfigError("step record", sorted(rec)[:8], f"the fields {', '.join(FEATURE_FIELDS)} "
                           "or prefill + decode_positions")
     tokens = pairs = ctx = logits = 0
-    for row in rec.get("prefill", ()):
+    for row in rec.get("prefill", rec.get("prefill_rows", ())):
         if isinstance(row, Mapping):
             start, n, final, all_logits = row["start"], row["n"], row.get("is_final", False), row.get("all_logits", False)
         else:
@@ -82,7 +82,7 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
 def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> list[tuple[StepFeatures, float]]:
     out = []
     for rec in records:
-        if is_copy(rec) or rec.get("type") == "copy":
+        if is_copy(rec):
             continue
         if rec.get("error"):
             continue  # a failed step's time says nothing about a step's cost
@@ -92,15 +92,20 @@ def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -
     return out
 
 
+def _start(rec: Mapping[str, Any]) -> float | None:
+    t = rec.get("started_at", rec.get("t_start_s"))
+    return None if t is None else float(t)
+
+
 def host_gap_s(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> tuple[float, int]:
     """Median time between one step's end and the next one's start when they ran back to
     back (same ``run``; gaps over MAX_BACK_TO_BACK_GAP_S are idle time, not overhead)."""
-    steps = [r for r in records if not is_copy(r) and "started_at" in r and r.get(target) is not None]
+    steps = [r for r in records if not is_copy(r) and _start(r) is not None and r.get(target) is not None]
     gaps = []
     for a, b in zip(steps, steps[1:]):
         if a.get("run") != b.get("run"):
             continue
-        gap = float(b["started_at"]) - (float(a["started_at"]) + float(a[target]))
+        gap = _start(b) - (_start(a) + float(a[target]))
         if 0 <= gap < MAX_BACK_TO_BACK_GAP_S:
             gaps.append(gap)
     return (float(np.median(gaps)) if gaps else 0.0), len(gaps)
@@ -137,7 +142,7 @@ def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> 
     observed) or as the copy engine ran it (``gpu_s``)."""
     by_dir: dict[str, list[tuple[int, float]]] = {d: [] for d in COPY_DIRECTIONS}
     for rec in records:
-        if is_copy(rec):
+        if is_copy(rec) and rec.get("dir") in COPY_DIRECTIONS:
             seconds = rec.get(target)
             if seconds is not None and rec.get("bytes", 0) > 0 and seconds > 0:
                 by_dir[rec["dir"]].append((int(rec["bytes"]), float(seconds)))
