@@ -15,9 +15,11 @@ Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from openinfer.kv.pool import BlockPool
 from openinfer.kv.store import KvStore
 from openinfer.kv.request_kv import lifetime_blocks
 from openinfer.scheduler.admission import AdmissionResult, credit, future_draws
@@ -58,13 +60,50 @@ class MonitorConfig:
     max_passes_per_instant: int = 10_000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Req:
-    pending: PendingRequest
+    """What the monitor remembers of one request. ``pending`` (prompt, hashes, sink and its
+    whole event stream) is let go at the first terminal event: afterwards only the id, the
+    times and whether the client went away (``closed``, the sink's abort cell) are read, so
+    a long run keeps a few bytes per finished request instead of every token event."""
+
+    id: int
+    pending: PendingRequest | None
+    closed: Callable[[], bool]
     accepted_at: float
+    adapter_loaded_at_arrival: bool = True
     terminals: int = 0
     terminal_at: float | None = None
     engine_done: bool = False
+
+
+def fast_pool_check(pool: BlockPool) -> None:
+    """``pool.check()`` in C-speed passes over the pool's lists, same verdict.
+
+    Each test below is one of ``BlockPool.check``'s conditions evaluated with builtins
+    (``set``, ``list.count``, ``min``, ``itemgetter``, ``map``) instead of a Python loop per
+    page; ``min(refs) >= 0`` makes "non-zero" equal to ``check``'s "positive" refcount
+    count. All pass exactly when ``check`` passes; on any failure ``check`` itself runs, so
+    the error (and its message) is always ``check``'s own. Reads the pool's private
+    fields on purpose: it is the same audit, only cheaper (O(pages) at C speed).
+    """
+    refs, reset_l, inactive_d, primary, hashes = pool._refs, pool._reset, pool._inactive, pool._primary, pool._hash
+    reset = set(reset_l)
+    ok = len(reset) == len(reset_l) and reset.isdisjoint(inactive_d) and (not refs or min(refs) >= 0)
+    if ok:
+        ok = len(reset) + len(inactive_d) + (pool.num_blocks - refs.count(0)) == pool.num_blocks
+    if ok and (reset or inactive_d):
+        free = list(reset) + list(inactive_d)
+        ok = not any(map(refs.__getitem__, free))
+    if ok and inactive_d:
+        inactive = list(inactive_d)
+        ok = list(map(primary.get, map(hashes.__getitem__, inactive))) == inactive
+    if ok and primary:
+        ok = list(map(hashes.__getitem__, primary.values())) == list(primary) and reset.isdisjoint(primary.values())
+    if ok and pool.entitlement_enabled:
+        ok = pool.entitled >= 0
+    if not ok:
+        pool.check()
 
 
 class Monitor:
@@ -118,7 +157,7 @@ class Monitor:
 
     def _on_accepted(self, d: dict[str, Any]) -> None:
         p: PendingRequest = d["req"]
-        r = _Req(p, self.rt.now())
+        r = _Req(p.id, p, p.sink.abort_cell.is_closed, self.rt.now(), p.adapter_loaded_at_arrival)
         self.reqs[p.id] = r
         self.by_resolve_id[str(p.id)] = r
         self.note(f"accept r{p.id} prompt={p.prompt_len} max={p.req.max_tokens}"
@@ -136,7 +175,7 @@ class Monitor:
             self._instant, self._at_instant = now, 0
         if self._ticks % self.cfg.check_pool_every == 0:
             try:
-                self.pool.check()
+                fast_pool_check(self.pool)
             except Exception as err:  # AccountingError
                 self.fail("page_conservation", str(err))
         self._check_holds()
@@ -231,8 +270,11 @@ class Monitor:
         r.terminal_at = self.rt.now()
         if r.terminals > 1:
             self.fail("single_terminal_event", f"r{ev.req_id} got a second terminal event ({ev.kind.value})")
+        assert r.pending is not None  # let go just below, at the first terminal event
+        r.adapter_loaded_at_arrival = r.pending.adapter_loaded_at_arrival
+        r.pending = None
         if ev.kind is EventKind.REJECTED and ev.message and "LoRA adapter is not loaded" in ev.message \
-                and r.pending.adapter_loaded_at_arrival:
+                and r.adapter_loaded_at_arrival:
             self.fail("control_linearizability",
                       f"r{ev.req_id} was accepted while its adapter was loaded, then rejected for it")
 
@@ -240,10 +282,10 @@ class Monitor:
         pc = d["control"]
         self.note(f"control {pc.command.op} {pc.command.adapter or ''} -> ok={d['response'].ok}")
         for r in self.reqs.values():
-            if r.pending.id <= pc.after_request and r.terminals == 0 and not r.engine_done \
-                    and not r.pending.sink.is_closed():
+            if r.id <= pc.after_request and r.terminals == 0 and not r.engine_done \
+                    and not r.closed():
                 self.fail("control_linearizability",
-                          f"control #{pc.seq} applied while r{r.pending.id}, which arrived before it, is unfinished")
+                          f"control #{pc.seq} applied while r{r.id}, which arrived before it, is unfinished")
 
     def _on_barrier_started(self, d: dict[str, Any]) -> None:
         """The engine is done with these requests; only their answer waits for the barrier."""
@@ -272,9 +314,9 @@ class Monitor:
             self._check_barrier(data["outcome"])
         elif kind == "load_started":
             r = self.by_resolve_id.get(data["req_id"])
-            if r is not None and r.pending.sink.is_closed():
+            if r is not None and r.closed():
                 self.fail("resolve_observes_cancel",
-                          f"r{r.pending.id}'s resolve started a {data['blocks']}-block load after its cancel")
+                          f"r{r.id}'s resolve started a {data['blocks']}-block load after its cancel")
 
     def _check_barrier(self, outcome: Any) -> None:
         """A barrier that says ok vouches for every save submitted before it started."""
@@ -291,16 +333,16 @@ class Monitor:
     def check_end(self, end_s: float) -> None:
         """Terminal bounds, then quiescence; call after the run has settled."""
         for r in self.reqs.values():
-            if r.pending.sink.is_closed():
+            if r.closed():
                 continue
             bound = max(r.accepted_at, self.heal_s) + self.cfg.terminal_bound_s
             if r.terminal_at is None and end_s >= bound:
                 self.fail("bounded_terminal_event",
-                          f"r{r.pending.id} (accepted at {r.accepted_at:.3f}s) has no terminal event by "
+                          f"r{r.id} (accepted at {r.accepted_at:.3f}s) has no terminal event by "
                           f"{end_s:.3f}s; faults healed at {self.heal_s:.3f}s")
             if r.terminal_at is not None and r.terminal_at > bound:
                 self.fail("bounded_terminal_event",
-                          f"r{r.pending.id}'s terminal event came at {r.terminal_at:.3f}s, after {bound:.3f}s")
+                          f"r{r.id}'s terminal event came at {r.terminal_at:.3f}s, after {bound:.3f}s")
         tier = self.rank.tier
         if tier is not None and tier.open_leases():
             self.fail("no_lease_leak", f"{tier.open_leases()} tier lease(s) still pin host blocks at the end")

@@ -362,35 +362,65 @@ class Engine:
             else:
                 assert p.kv is not None
                 promoted.append(ActiveRequest(p.id, p.req, p.sink, p.kv, p.cursor, tok, 1, p.queued_at))
-        keep: list[ActiveRequest] = []
-        active_by_id = {a.id: a for a in self.active}
-        for row in plan.decode:
-            a = active_by_id[row.req_id]
-            tok = result.rows[row.req_id].token
+        if plan.decode:
+            keep: list[ActiveRequest] = []
+            self._apply_decode(plan, result, finishes, keep)
+            self.active = keep
+        self.active.extend(promoted)
+        if finishes:
+            self._release_finished(finishes)
+
+    def _apply_decode(self, plan: StepPlan, result: StepResult, finishes: list[Finish],
+                      keep: list[ActiveRequest]) -> None:
+        """The decode rows of a step: the hot loop of a simulation (one pass per row per token).
+
+        Same effects, in the same order, as one row at a time through the generic path;
+        only the bookkeeping is cheaper: time is read once (it cannot move inside a pass),
+        rows pair with ``self.active`` by position when build_step made them in that order
+        (checked per row, else looked up by id), and ``seal`` is called only when the row's
+        decode completed a block — seal saves ``kv.pages[cursor.saved_blocks:kv.registered]``
+        and every earlier seal of this request left ``saved_blocks >= registered``, so with
+        ``registered`` unchanged it would return 0 without touching anything.
+        """
+        eos = self.executor.eos_token
+        now = self.rt.now()
+        rows = result.rows
+        active = self.active
+        paired = len(active) == len(plan.decode)
+        active_by_id: dict[int, ActiveRequest] | None = None
+        seal, rank, cacheable = self.store.seal, self.rank, SaveClass.CACHEABLE
+        token_kind = EventKind.TOKEN
+        for i, row in enumerate(plan.decode):
+            rid = row.req_id
+            if paired and active[i].id == rid:
+                a = active[i]
+            else:
+                if active_by_id is None:
+                    active_by_id = {x.id: x for x in active}
+                a = active_by_id[rid]
+            tok = rows[rid].token
             assert tok is not None
-            a.kv.apply_decode(tok)
-            self.store.seal(self.rank, a.kv, a.cursor, SaveClass.CACHEABLE)
+            kv = a.kv
+            registered = kv.registered
+            kv.apply_decode(tok)
+            if kv.registered != registered:
+                seal(rank, kv, a.cursor, cacheable)
             completion = a.generated + 1
             if tok == eos and not a.req.params.ignore_eos:
                 finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at),
                                        a.cursor))
                 self._drop_active(a)
             elif completion >= a.req.max_tokens:
-                a.sink.send(RequestEvent(EventKind.TOKEN, a.id, self.rt.now(), token=tok))
+                a.sink.send(RequestEvent(token_kind, rid, now, tok))
                 finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at),
                                        a.cursor))
                 self._drop_active(a)
-            elif not a.sink.send(RequestEvent(EventKind.TOKEN, a.id, self.rt.now(), token=tok)):
+            elif not a.sink.send(RequestEvent(token_kind, rid, now, tok)):
                 self._drop_active(a)
             else:
                 a.generated = completion
                 a.last_token = tok
                 keep.append(a)
-        if plan.decode:
-            self.active = keep
-        self.active.extend(promoted)
-        if finishes:
-            self._release_finished(finishes)
 
     def _finished(self, rid: int, reason: FinishReason, completion: int, queued_at: float) -> RequestEvent:
         return RequestEvent(EventKind.FINISHED, rid, self.rt.now(), reason=reason,

@@ -65,8 +65,11 @@ class FinishReason(Enum):
     STOP = "stop"
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestEvent:
+    """One event of a stream. Slotted: a long simulation makes one per generated token,
+    and the stream keeps them until the request ends."""
+
     kind: EventKind
     req_id: int
     time: float
@@ -85,34 +88,57 @@ class AbortState(Enum):
     DISCONNECTED = "disconnected"
 
 
+class AbortCell:
+    """A request's abort state, apart from its sink: an observer that must know, long after
+    the request ended, whether its client went away can keep this (a few bytes) instead of
+    the sink and its whole event stream."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = AbortState.NONE
+
+    def is_closed(self) -> bool:
+        return self.state is not AbortState.NONE
+
+
 class TokenSink:
     """The engine's end of a request's stream; also the resolve's cancel probe."""
 
     def __init__(self, req_id: int, rt: Any, on_event: Callable[[RequestEvent], None] | None = None) -> None:
         self.req_id = req_id
         self.rt = rt
-        self.abort = AbortState.NONE
+        self.abort_cell = AbortCell()
         self.events: list[RequestEvent] = []
         self.on_event = on_event
         self.terminal: Event = rt.event()
         self._waiters: list[Event] = []
 
+    @property
+    def abort(self) -> AbortState:
+        return self.abort_cell.state
+
+    @abort.setter
+    def abort(self, state: AbortState) -> None:
+        self.abort_cell.state = state
+
     def is_closed(self) -> bool:
-        return self.abort is not AbortState.NONE
+        return self.abort_cell.state is not AbortState.NONE
 
     def is_cancelled(self) -> bool:  # CancelProbe
-        return self.is_closed()
+        return self.abort_cell.state is not AbortState.NONE
 
     def send(self, event: RequestEvent) -> bool:
         """Deliver an event; False once the client has gone (the engine drops the request)."""
-        if self.is_closed():
+        if self.abort_cell.state is not AbortState.NONE:
             return False
         self.events.append(event)
         if self.on_event is not None:
             self.on_event(event)
-        waiters, self._waiters = self._waiters, []
-        for w in waiters:
-            w.succeed(event)
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for w in waiters:
+                w.succeed(event)
         if event.kind in TERMINAL and not self.terminal.triggered:
             self.terminal.succeed(event)
         return True
