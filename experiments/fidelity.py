@@ -1,9 +1,10 @@
 """How close the simulator comes to the real executor on a workload it was not fitted to.
 
-    python -m experiments.fidelity served=results/gpu/heldout/served.json \
-        profile=conf/profiles/h200_qwen3-0.6b.yaml [report=results/fidelity_h200.json]
+    python -m experiments.fidelity served=results/gpu/validate_h200.json [workload=heldout] \
+        profile=conf/profiles/h200_qwen3-4b.yaml [report=results/fidelity_h200.json]
 
-``served`` is what ``experiments.serve_real.run_served`` wrote on the GPU: the workload's
+``served`` is what ``experiments.serve_real.run_served`` wrote on the GPU (its
+``served.json``, or the validate report that embeds it per workload): the workload's
 description, the instance's configuration and sizing, and per phase (cold / gpu / cpu)
 every request's record. This rebuilds the same instance in the simulator (same pool and
 host-tier pages, same scheduler limits, same seed, hence the same prompts), runs the same
@@ -42,6 +43,7 @@ class FidelityConfig:
     served: str = ""
     profile: str = ""
     report: str | None = None
+    workload: str = "heldout"         # which served workload of a validate report
     model_config: str | None = None   # config.json of the served checkpoint, if not a preset geometry
     max_sim_s: float = 3600.0
 
@@ -55,6 +57,23 @@ def _read_json(key: str, path: str) -> dict[str, Any]:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(key, path, f"a readable JSON report ({err})") from None
+
+
+def load_served(path: str, workload: str = "heldout") -> dict[str, Any]:
+    """A run_served report, from its own file or from inside a validate report, where the
+    per-request records of all phases sit in one ``requests_detail`` list."""
+    data = _read_json("served", path)
+    if "phases" in data and "instance" in data:
+        return data
+    workloads = (data.get("served") or {}).get("workloads") or {}
+    require(workload in workloads, "workload", workload,
+            f"one of the served workloads in {path}: {', '.join(workloads) or 'none (no served section)'}")
+    w = workloads[workload]
+    phases = {}
+    for ph, summary in w["phases"].items():
+        reqs = [{k: v for k, v in r.items() if k != "phase"} for r in w["requests_detail"] if r["phase"] == ph]
+        phases[ph] = dict(summary, requests=reqs)
+    return dict(w, phases=phases)
 
 
 def sim_twin(served: dict[str, Any], profile: FittedProfile, max_sim_s: float,
@@ -147,7 +166,7 @@ def verdict(err: dict[str, Any]) -> dict[str, bool]:
 
 
 def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
-    served = _read_json("served", cfg.served)
+    served = load_served(cfg.served, cfg.workload)
     profile = FittedProfile.load(cfg.profile)
     sim_phases, sim_wall = simulate_served(served, profile, cfg.max_sim_s, cfg.model_config)
     bs = served["instance"]["config"]["block_size"]

@@ -33,3 +33,20 @@ def test_calibrate_then_replay_a_held_out_workload(tiny_ckpt, tiny_model, tmp_pa
     assert all(abs(v) < 1e-9 for v in cold.values()), cold
     assert rep["phases"]["cpu"]["sim"]["hit_rate"]["cpu"] > 0  # the sim restores from its CPU tier too
     assert rep["sim_wall_s"] > 0
+
+
+def test_a_validate_report_yields_the_same_served_run(tiny_ckpt, tiny_model, tmp_path) -> None:
+    """validate embeds run_served's report per workload with the requests of every phase
+    in one list; load_served puts them back where a served.json has them."""
+    import json
+
+    from experiments.fidelity import load_served
+    held = run_served(tiny_ckpt, "cpu", dict(kind="random", num_requests=3, input_len=20, output_len=3, seed=4),
+                      model=tiny_model, instance_cfg=INSTANCE)
+    detail = [dict(phase=ph, **r) for ph, p in held["phases"].items() for r in p["requests"]]
+    wrapped = dict(served=dict(workloads=dict(heldout=dict(
+        held, phases={ph: {k: v for k, v in p.items() if k != "requests"} for ph, p in held["phases"].items()},
+        requests_detail=detail))))
+    path = tmp_path / "validate.json"
+    path.write_text(json.dumps(wrapped))
+    assert load_served(str(path))["phases"] == json.loads(json.dumps(held))["phases"]
