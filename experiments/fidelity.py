@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from experiments.cli import main_guard, parse_overrides, write_report
-from experiments.serve_real import PHASES, RequestTiers, drain, serve_phase
+from experiments.serve_real import PHASES, RequestTiers, serve_phase
 from openinfer.errors import ConfigError, require
 from sim.hardware import GiB
 from sim.model_geometry import ModelGeometry, preset as model_preset
@@ -108,7 +108,7 @@ def simulate_served(served: dict[str, Any], profile: FittedProfile, max_sim_s: f
     for ph in served["phases"]:
         require(ph in PHASES, "served.phases", ph, f"each one of {PHASES}")
         if ph == "cpu":
-            world.rt.run_process(drain(world))
+            world.rt.run(until=world.store.settle(0))
             world.pool.evict_inactive()
         phases[ph] = serve_phase(world, workload, tiers, max_sim_s)
     return phases, time.perf_counter() - t0

@@ -43,17 +43,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-from simpy.events import Event
 
 from openinfer.backend.cuda_executor import StepTiming
 from openinfer.backend.instance import RealConfig, RealInstance, build_real_instance
 from openinfer.errors import ConfigError, require
-from openinfer.scheduler.request import GenerateRequest, RequestEvent, RequestHandle
+from openinfer.scheduler.request import GenerateRequest, RequestHandle
 from sim.arrivals import ArrivalSpec
 from sim.client import Client
 from sim.lengths import LengthDist
@@ -133,12 +132,6 @@ def _submitter(inst: RealInstance):  # type: ignore[no-untyped-def]
     return submit
 
 
-def drain(inst: RealInstance) -> Generator[Event, Any, None]:
-    """Every save visible (flush barrier), every restore landed."""
-    yield inst.store.flush_saves(0)
-    yield inst.store.flush_loads(0)
-
-
 def serve_phase(inst: RealInstance, workload: Workload, tiers: RequestTiers, max_wall_s: float) -> dict[str, Any]:
     """Serve ``workload`` once through a fresh Client until every request ended."""
     rt = inst.rt
@@ -171,10 +164,10 @@ def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[s
     out: dict[str, Any] = {"phases": {}}
     for ph in phases:
         if ph == "cpu":
-            inst.rt.run_process(drain(inst))
+            inst.rt.run(until=inst.store.settle(0))
             out.setdefault("evicted_gpu_blocks", {})[ph] = inst.pool.evict_inactive()
         out["phases"][ph] = serve_phase(inst, workload, tiers, max_wall_s)
-    inst.rt.run_process(drain(inst))
+    inst.rt.run(until=inst.store.settle(0))
     out["quiescent"] = inst.store.quiescent(0)
     out["all_finished"] = all(p["outcomes"]["finished"] == p["sent"] and not p["timed_out"]
                               for p in out["phases"].values())

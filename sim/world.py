@@ -168,6 +168,10 @@ def run_world(w: World, workload: Workload, client: Client | None = None) -> dic
     try:
         rt.run(until=rt.any_of([client.all_done, guard]))
         if monitor is not None and client.all_done.triggered:
+            # The last request's Finished can precede its last save's D2H: let the copies
+            # land (a flush barrier) before quiescence is judged, or every run whose final
+            # step sealed a block would report pinned pages that are merely in flight.
+            rt.run(until=rt.any_of([w.store.settle(0), guard]))
             monitor.check_end(rt.now())
     except InvariantViolation as err:
         violation = dict(invariant=err.name, time_s=err.time, detail=err.detail)

@@ -285,6 +285,15 @@ class KvStore:
             return len(loads)
         return self.rt.spawn(drain())
 
+    def settle(self, r: int = 0) -> Process:
+        """Every save submitted so far visible, then every restore landed: what "at rest"
+        needs before quiescence is judged or the GPU copy is evicted (a Finished can
+        precede its request's last D2H)."""
+        def both() -> Generator[Event, Any, None]:
+            yield self.flush_saves(r)
+            yield self.flush_loads(r)
+        return self.rt.spawn(both())
+
     # -- quiescence -------------------------------------------------------------------
     def quiescent(self, r: int = 0) -> list[str]:
         """What is still open on a rank (empty when the rank is at rest)."""
