@@ -35,6 +35,8 @@ class CalibrateConfig:
     date: str | None = None
     base_hardware: str = "h200"
     target: str = "wall_s"
+    copy_target: str = "gpu_s"
+    balance_kinds: bool = True
     name: str | None = None
     out: str | None = None
 
@@ -43,6 +45,7 @@ class CalibrateConfig:
         require(bool(self.model), "model", self.model, "the model geometry the timings were measured on "
                 "(e.g. qwen3-0.6b)")
         require(self.target in TARGETS, "target", self.target, f"one of {', '.join(TARGETS)}")
+        require(self.copy_target in TARGETS, "copy_target", self.copy_target, f"one of {', '.join(TARGETS)}")
 
 
 def _gpu_and_date(cfg: CalibrateConfig) -> tuple[str, str]:
@@ -65,16 +68,17 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     records = read_jsonl(step_files)
     copy_records = read_jsonl([p for p in cfg.copies.split(",") if p]) if cfg.copies else records
     gpu, date = _gpu_and_date(cfg)
-    step_model, step_quality = fit_steps(records, cfg.target)
+    step_model, step_quality = fit_steps(records, cfg.target, cfg.balance_kinds)
     gap, gaps = host_gap_s(records, cfg.target)
-    links = fit_copies(copy_records, cfg.target)
+    links = fit_copies(copy_records, cfg.copy_target)
     slug = gpu.lower().replace("nvidia", "").strip().replace(" ", "-")
     name = cfg.name or f"{slug}_{cfg.model}"
     return FittedProfile(
         name=name, gpu=gpu, date=date, model=cfg.model, base_hardware=cfg.base_hardware,
         step_model=step_model, d2h=links.d2h, h2d=links.h2d, host_overhead_s=gap,
         quality=dict(steps=step_quality, host_gaps=gaps),
-        source=dict(steps=step_files, copies=cfg.copies, target=cfg.target, validate_report=cfg.validate_report))
+        source=dict(steps=step_files, copies=cfg.copies, target=cfg.target, copy_target=cfg.copy_target,
+                    validate_report=cfg.validate_report))
 
 
 def print_profile(p: FittedProfile, path: Path) -> None:
@@ -82,6 +86,8 @@ def print_profile(p: FittedProfile, path: Path) -> None:
     print(f"calibrate: {p.gpu} / {p.model} ({p.date}) -> {path}")
     print(f"  steps   {q['samples']} samples  R² {q['r2']:.4f}  median |rel err| {q['median_rel_error']:.2%}  "
           f"rmse {q['rmse_s'] * 1e3:.3f} ms")
+    print("  median signed error by kind: " + "  ".join(
+        f"{k} {v:+.1%}" for k, v in q["median_signed_rel_error_by_kind"].items()))
     coef = p.step_model.coefficients()
     print("  step    " + "  ".join(f"{k}={v:.3g}" for k, v in coef.items()))
     print(f"  host gap between back-to-back steps {p.host_overhead_s * 1e3:.3f} ms "

@@ -80,7 +80,8 @@ class CalibratedStepModel:
 
     @classmethod
     def fit_with_quality(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
-                         pad_unified: bool = False, relative: bool = True
+                         pad_unified: bool = False, relative: bool = True,
+                         sample_weights: Sequence[float] | None = None
                          ) -> tuple[CalibratedStepModel, FitQuality]:
         """``fit`` plus how well the line explains the samples (RMSE, R², median relative
         error). A term no sample exercises (say, no eager step was measured) gets 0."""
@@ -99,6 +100,10 @@ class CalibratedStepModel:
         scale = np.abs(a).max(axis=0)
         scale[scale == 0] = 1.0
         weight = 1.0 / np.maximum(y, 1e-6) if relative else np.ones_like(y)
+        if sample_weights is not None:
+            require(len(sample_weights) == len(ys), "calibration.sample_weights", len(sample_weights),
+                    f"one weight per sample ({len(ys)})")
+            weight = weight * np.sqrt(np.asarray(sample_weights, dtype=float))
         coef, *_ = np.linalg.lstsq((a / scale) * weight[:, None], y * weight, rcond=None)
         coef = coef / scale
         pred = a @ coef

@@ -79,7 +79,9 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     return StepFeatures(tokens, pairs, ctx, logits, rows, int(padded), sum(positions) + rows)
 
 
-def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> list[tuple[StepFeatures, float]]:
+def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
+                 ) -> list[tuple[StepFeatures, float, str]]:
+    """(features, seconds, kind) of every step that ran without error."""
     out = []
     for rec in records:
         if is_copy(rec):
@@ -88,7 +90,7 @@ def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -
             continue  # a failed step's time says nothing about a step's cost
         require(rec.get(target) is not None, f"step record.{target}", None,
                 f"records that carry {target} (choose target=wall_s or target=gpu_s)")
-        out.append((features_of(rec), float(rec[target])))
+        out.append((features_of(rec), float(rec[target]), str(rec.get("kind", ""))))
     return out
 
 
@@ -137,19 +139,36 @@ def fit_link(samples: Sequence[tuple[int, float]]) -> LinkFit:
                    median_rel_error=float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12))))
 
 
-def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> CopyFits:
-    """Per direction, the link as the store saw it (``wall_s``: submit to completion
-    observed) or as the copy engine ran it (``gpu_s``)."""
+def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "gpu_s") -> CopyFits:
+    """Per direction, the link as the copy engine ran it (``gpu_s``, the default: the
+    simulator queues copies on its own engines, so submit-to-done time would count the
+    queueing twice) or as the store saw it (``wall_s``). Records without ``target``
+    fall back to ``wall_s``."""
     by_dir: dict[str, list[tuple[int, float]]] = {d: [] for d in COPY_DIRECTIONS}
     for rec in records:
         if is_copy(rec) and rec.get("dir") in COPY_DIRECTIONS:
-            seconds = rec.get(target)
+            seconds = rec.get(target) if rec.get(target) is not None else rec.get("wall_s")
             if seconds is not None and rec.get("bytes", 0) > 0 and seconds > 0:
                 by_dir[rec["dir"]].append((int(rec["bytes"]), float(seconds)))
     return CopyFits(*(fit_link(by_dir[d]) if by_dir[d] else None for d in COPY_DIRECTIONS))
 
 
-def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
+def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", balance_kinds: bool = True
               ) -> tuple[CalibratedStepModel, dict[str, Any]]:
-    model, q = CalibratedStepModel.fit_with_quality(step_samples(records, target))
-    return model, dict(samples=q.samples, rmse_s=q.rmse_s, r2=q.r2, median_rel_error=q.median_rel_error)
+    """The step model, with each step kind weighing the same in total when
+    ``balance_kinds``: a served run is mostly decode steps, and unweighted they would
+    decide the eager intercept and the prefill slope that TTFT depends on."""
+    samples = step_samples(records, target)
+    weights = None
+    if balance_kinds:
+        counts: dict[str, int] = {}
+        for _, _, kind in samples:
+            counts[kind] = counts.get(kind, 0) + 1
+        weights = [1.0 / counts[kind] for _, _, kind in samples]
+    model, q = CalibratedStepModel.fit_with_quality([(f, t) for f, t, _ in samples], sample_weights=weights)
+    per_kind: dict[str, float] = {}
+    for kind in sorted({k for _, _, k in samples}):
+        rel = [model.features_time(f) / t - 1 for f, t, k in samples if k == kind and t > 0]
+        per_kind[kind] = float(np.median(rel)) if rel else 0.0
+    return model, dict(samples=q.samples, rmse_s=q.rmse_s, r2=q.r2, median_rel_error=q.median_rel_error,
+                       median_signed_rel_error_by_kind=per_kind, balance_kinds=balance_kinds)
