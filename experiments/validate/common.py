@@ -120,13 +120,9 @@ def write_random_checkpoint_fast(cfg: Qwen3Config, out_dir: str | Path, seed: in
     norms, N(0, 1/hidden) embeddings) drawn on ``device``: a 4B checkpoint in seconds on a
     GPU instead of a minute of CPU generator. Seeded per (seed, tensor index), the same
     HF layout through the same streaming safetensors writer."""
-    import json
+    from openinfer.models.qwen3.checkpoint import write_config
     tdtype = DTYPES[dtype]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf = cfg.to_hf_dict()
-    hf["torch_dtype"] = dtype
-    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    out = write_config(cfg, out_dir, dtype)
     specs = expected_shapes(cfg)
     index = {name: i for i, name in enumerate(specs)}
 

@@ -19,23 +19,12 @@ copy stream, else ``wall_s``), ``gpu_s``, ``wall_s``, ``submitted_at``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-
-def features(prefill_rows: Iterable[Iterable[Any]], decode_positions: list[int], padded: int) -> dict[str, int]:
-    tokens = pairs = ctx = logits = 0
-    for start, n, final, all_logits in prefill_rows:
-        tokens += n
-        pairs += n * start + n * (n + 1) // 2
-        ctx += start + n
-        logits += n if all_logits else (1 if final else 0)
-    rows = len(decode_positions)
-    return dict(prefill_tokens=tokens, prefill_attn_pairs=pairs, prefill_context_tokens=ctx,
-                logit_rows=logits, decode_rows=rows, decode_rows_padded=int(padded),
-                decode_context_tokens=sum(decode_positions) + rows)
+from openinfer.backend.jsonl import write_jsonl as backend_write_jsonl
+from sim.calibration import features_of
 
 
 def step_record(t: Any, source: str, run: str, **extra: Any) -> dict[str, Any]:
@@ -43,8 +32,10 @@ def step_record(t: Any, source: str, run: str, **extra: Any) -> dict[str, Any]:
     rows = [list(r) for r in d.get("prefill", d.get("prefill_rows", []))]
     out = dict(type="step", source=source, run=run, t_start_s=d.get("started_at", d.get("t_start_s")),
                **{k: v for k, v in d.items() if k != "prefill"}, prefill_rows=rows)
-    out["features"] = features(rows, list(d.get("decode_positions", [])),
-                               d.get("decode_rows_padded", len(d.get("decode_positions", []))))
+    out["features"] = features_of(dict(prefill=rows, decode_positions=list(d.get("decode_positions", [])),
+                                       decode_rows_padded=d.get("decode_rows_padded",
+                                                                len(d.get("decode_positions", []))),
+                                       kind=d.get("kind"))).as_dict()
     out.update(extra)
     return out
 
@@ -56,11 +47,7 @@ def copy_record(r: Any, source: str, run: str, **extra: Any) -> dict[str, Any]:
 
 
 def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with p.open("w") as f:
-        for rec in records:
-            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-            n += 1
-    return dict(path=p.name, records=n, bytes=p.stat().st_size)
+    """Write the records; what the report says about the file (name, lines, bytes)."""
+    recs = list(records)
+    p = backend_write_jsonl(path, recs)
+    return dict(path=p.name, records=len(recs), bytes=p.stat().st_size)

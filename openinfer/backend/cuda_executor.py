@@ -24,7 +24,6 @@ Why it is shaped like this:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from simpy.events import Event
 
+from openinfer.backend.jsonl import write_jsonl
 from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
 from openinfer.models.qwen3.batch import ForwardBatch, SeqInput
 from openinfer.models.qwen3.kv_arena import KVArena
@@ -312,9 +312,4 @@ class CudaExecutor:
 
     def write_timings_jsonl(self, path: str | Path) -> Path:
         """One JSON object per step (``StepTiming`` fields)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with p.open("w") as f:
-            for t in self.timings:
-                f.write(json.dumps(t.as_dict()) + "\n")
-        return p
+        return write_jsonl(path, (t.as_dict() for t in self.timings))

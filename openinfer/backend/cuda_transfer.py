@@ -29,7 +29,6 @@ simulator's copy-engine model.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 from simpy.events import Event
 
+from openinfer.backend.jsonl import write_jsonl
 from openinfer.errors import AccountingError, require
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.runtime import Runtime
@@ -178,7 +178,7 @@ class CudaTransfer:
         src = self.peers.get(peer)
         if src is None:
             raise AccountingError(f"peer_read: unknown peer {peer!r} (known: {sorted(self.peers)})")
-        rec = self._record(PEER, len(src_slots), coalesce(src_slots, dst_slots))
+        self._record(PEER, len(src_slots), coalesce(src_slots, dst_slots))
         for s, d, n in coalesce(src_slots, dst_slots):
             self.host.data[d:d + n].copy_(src.data[s:s + n])
         return self.rt.done()
@@ -307,9 +307,4 @@ class CudaTransfer:
 
     def write_copies_jsonl(self, path: str | Path) -> Path:
         """One JSON object per copy (``CopyRecord`` fields)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with p.open("w") as f:
-            for rec in self.records:
-                f.write(json.dumps(rec.as_dict()) + "\n")
-        return p
+        return write_jsonl(path, (rec.as_dict() for rec in self.records))

@@ -75,7 +75,7 @@ def test_grid_records_feed_the_calibration(report):
     kinds = {r["kind"] for r in recs}
     assert kinds == {"prefill", "decode", "unified"}
     samples = step_samples(recs)
-    assert len(samples) == len(recs) and all(sec > 0 for _, sec in samples)
+    assert len(samples) == len(recs) and all(sec > 0 for _, sec, _ in samples)
     assert all(r["run"] != recs[0]["run"] for r in recs[1:])   # no host gaps read from the grid
 
 

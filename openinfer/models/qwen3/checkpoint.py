@@ -65,17 +65,23 @@ def write_safetensors_streaming(path: Path, specs: dict[str, tuple[int, ...]],
             del t
 
 
+def write_config(cfg: Qwen3Config, out_dir: str | Path, dtype: str) -> Path:
+    """Create ``out_dir`` with the HF config.json of ``cfg`` stored as ``dtype``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return out
+
+
 def write_random_checkpoint(cfg: Qwen3Config, out_dir: str | Path, seed: int = 0,
                             dtype: str = "bfloat16") -> Path:
     """Create ``out_dir`` with config.json (HF Qwen3 layout) and model.safetensors."""
     require(dtype in DTYPES, "dtype", dtype, f"one of {sorted(DTYPES)}")
     require(isinstance(seed, int) and seed >= 0, "seed", seed, "an int >= 0")
     tdtype = DTYPES[dtype]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf = cfg.to_hf_dict()
-    hf["torch_dtype"] = dtype
-    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    out = write_config(cfg, out_dir, dtype)
     write_safetensors_streaming(
         out / "model.safetensors", expected_shapes(cfg), tdtype,
         lambda name, shape: random_tensor(name, shape, cfg, seed, tdtype))
