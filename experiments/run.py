@@ -52,8 +52,8 @@ def comparison(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
         ("TTFT mean/p99 ms", [_ms(r, "ttft") for r in rows]),
         ("TPOT mean/p99 ms", [_ms(r, "tpot") for r in rows]),
         ("req/s finished", [f"{r['request_throughput']:.2f}" for r in rows]),
-        ("hit rate all", [f"{r['hit_rate']:.3f}" for r in rows]),
-        ("  gpu/host/peer", [f"{r['gpu_hit_rate']:.2f}/{r['host_hit_rate']:.2f}/{r['peer_hit_rate']:.2f}"
+        ("hit rate, answer", [f"{r['hit_rate']:.3f}" for r in rows]),
+        ("  all gpu/host/peer", [f"{r['gpu_hit_rate']:.2f}/{r['host_hit_rate']:.2f}/{r['peer_hit_rate']:.2f}"
                              for r in rows]),
         ("peak pinned pages", [str(r["peak_pinned_pages"]) for r in rows]),
         ("wall s", [f"{r['wall_s']:.1f}" for r in rows]),
@@ -63,6 +63,9 @@ def comparison(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
     lines.append(f"  {'':<18}" + "".join(f"{r['variant']:>{width}}" for r in rows))
     for label, vals in table:
         lines.append(f"  {label:<18}" + "".join(f"{v:>{width}}" for v in vals))
+    lines.append("  hit rate, answer: cached share of each prompt where it was answered (the decode side under P/D)")
+    lines.append("  all gpu/host/peer: share of every instance's prompt tokens (the prefill copy included) found in")
+    lines.append("    its GPU radix / its CPU tier / a peer")
     for r in rows:
         if r["finding"]:
             lines.append(f"  {r['variant']}: {r['finding']} stopped the run after {r['finished']} finished; "
