@@ -149,6 +149,9 @@ def _bench(cfg: ValidateConfig, packs: Packs) -> dict[str, Any]:
     out: dict[str, Any] = dict(spec=asdict(spec), targets=B.TARGETS)
     out["bounds"] = guarded("bounds", lambda: dict(copy=B.copy_bandwidth(cfg.device, spec.copy_mib, spec.repeats),
                                                    matmul=B.matmul_rate(cfg.device, spec.matmul_n, spec.repeats)))
+    if out["bounds"]["status"] != "ok":
+        # decode and prefill are judged against bounds measured here, in this process
+        return dict(out, status="failed", reason=f"the bounds failed: {out['bounds'].get('error')}")
     bw = out["bounds"]["copy"]["bytes_per_s"]
     mm = out["bounds"]["matmul"]["flops_per_s"]
     log(f"bounds: copy {bw / 1e12:.2f} TB/s, matmul {mm / 1e12:.0f} TFLOP/s")

@@ -104,3 +104,17 @@ def test_unknown_key_and_section_are_refused():
         parse_overrides(ValidateConfig, ["report=x.json", "repats=3"])
     with pytest.raises(ConfigError, match="sections"):
         parse_overrides(ValidateConfig, ["report=x.json", "sections=golden,bogus"])
+
+
+def test_bench_reports_failed_bounds_instead_of_a_key_error(monkeypatch):
+    from experiments.validate import bench as B
+    from experiments.validate import main as M
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no copy engine")
+    monkeypatch.setattr(M, "is_cuda", lambda _d: True)
+    monkeypatch.setattr(B, "copy_bandwidth", broken)
+    out = M._bench(ValidateConfig(report="x.json", quick=True), packs=None)
+    assert out["status"] == "failed" and "no copy engine" in out["reason"]
+    assert out["bounds"]["status"] == "error" and "decode" not in out
+
