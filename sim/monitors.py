@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from openinfer.kv.pool import BlockPool
+from openinfer.kv.pool_audit import PoolAudit
+from openinfer.errors import AccountingError
 from openinfer.kv.store import KvStore
 from openinfer.kv.request_kv import lifetime_blocks
 from openinfer.scheduler.admission import AdmissionResult, credit, future_draws
@@ -56,7 +57,8 @@ class InvariantViolation(Exception):
 class MonitorConfig:
     liveness_ticks: int = 50          # scheduler passes with nothing admitted before F1-style alarm
     terminal_bound_s: float = 30.0    # after max(arrival, last heal): resolve 15 s + flush 5 s + slack
-    check_pool_every: int = 1         # pool.check() is O(pages): thin it out for large runs
+    check_pool_every: int = 1         # full pool.check() every N passes (O(pages)); the
+                                      # incremental PoolAudit runs on every pass regardless
     max_passes_per_instant: int = 10_000
 
 
@@ -77,35 +79,6 @@ class _Req:
     engine_done: bool = False
 
 
-def fast_pool_check(pool: BlockPool) -> None:
-    """``pool.check()`` in C-speed passes over the pool's lists, same verdict.
-
-    Each test below is one of ``BlockPool.check``'s conditions evaluated with builtins
-    (``set``, ``list.count``, ``min``, ``itemgetter``, ``map``) instead of a Python loop per
-    page; ``min(refs) >= 0`` makes "non-zero" equal to ``check``'s "positive" refcount
-    count. All pass exactly when ``check`` passes; on any failure ``check`` itself runs, so
-    the error (and its message) is always ``check``'s own. Reads the pool's private
-    fields on purpose: it is the same audit, only cheaper (O(pages) at C speed).
-    """
-    refs, reset_l, inactive_d, primary, hashes = pool._refs, pool._reset, pool._inactive, pool._primary, pool._hash
-    reset = set(reset_l)
-    ok = len(reset) == len(reset_l) and reset.isdisjoint(inactive_d) and (not refs or min(refs) >= 0)
-    if ok:
-        ok = len(reset) + len(inactive_d) + (pool.num_blocks - refs.count(0)) == pool.num_blocks
-    if ok and (reset or inactive_d):
-        free = list(reset) + list(inactive_d)
-        ok = not any(map(refs.__getitem__, free))
-    if ok and inactive_d:
-        inactive = list(inactive_d)
-        ok = list(map(primary.get, map(hashes.__getitem__, inactive))) == inactive
-    if ok and primary:
-        ok = list(map(hashes.__getitem__, primary.values())) == list(primary) and reset.isdisjoint(primary.values())
-    if ok and pool.entitlement_enabled:
-        ok = pool.entitled >= 0
-    if not ok:
-        pool.check()
-
-
 class Monitor:
     """Watches one engine, its store rank and tier."""
 
@@ -115,6 +88,7 @@ class Monitor:
         self.store = store
         self.rank = store.rank(engine.rank)
         self.pool = engine.pool
+        self.audit = PoolAudit(engine.pool)
         self.heal_s = heal_s
         self.cfg = config or MonitorConfig()
         self.timeline = timeline if timeline is not None else []
@@ -173,11 +147,13 @@ class Monitor:
                           f"{self._at_instant} scheduler passes without simulated time advancing (a hot spin)")
         else:
             self._instant, self._at_instant = now, 0
-        if self._ticks % self.cfg.check_pool_every == 0:
-            try:
-                fast_pool_check(self.pool)
-            except Exception as err:  # AccountingError
-                self.fail("page_conservation", str(err))
+        try:
+            if self._ticks % self.cfg.check_pool_every == 0:
+                self.audit.check_all()
+            else:
+                self.audit.check_changes()
+        except AccountingError as err:
+            self.fail("page_conservation", str(err))
         self._check_holds()
         self._check_snapshot()
         self._check_liveness()
@@ -331,7 +307,11 @@ class Monitor:
 
     # -- end of run -------------------------------------------------------------------
     def check_end(self, end_s: float) -> None:
-        """Terminal bounds, then quiescence; call after the run has settled."""
+        """Full pool audit, terminal bounds, then quiescence; call after the run has settled."""
+        try:
+            self.audit.check_all()
+        except AccountingError as err:
+            self.fail("page_conservation", str(err))
         for r in self.reqs.values():
             if r.closed():
                 continue

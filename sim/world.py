@@ -58,7 +58,7 @@ class WorldConfig:
     max_sim_s: float = 24 * 3600.0       # hang guard on simulated time
     transfer: str = "queued"             # queued (one event per copy) or modeled (a process per copy)
     monitors: bool = True                # safety/liveness invariants on every scheduler pass
-    monitor_pool_every: int = 64         # full pool.check() every N passes (it is O(pages))
+    monitor_pool_every: int = 4096       # full pool.check() every N passes (O(pages)); an O(changes) audit runs every pass
 
     def __post_init__(self) -> None:
         require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks >= 2),

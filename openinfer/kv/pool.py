@@ -54,6 +54,10 @@ class BlockPool:
         self._reset: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0 first
         self._inactive: OrderedDict[int, None] = OrderedDict()
         self._reset_on_release: set[int] = set()
+        # Pages and hashes changed since the last take_touched(); None until an audit
+        # asks (PoolAudit), so a pool nobody audits pays one None test per mutation.
+        self._touched: set[int] | None = None
+        self._touched_hashes: set[BlockHash] | None = None
         pad = self.allocate(1)
         assert pad is not None
         self.padding_page = pad[0]
@@ -113,6 +117,8 @@ class BlockPool:
                 self.counters.evictions += 1
             self._refs[page] = 1
             pages.append(page)
+        if self._touched is not None:
+            self._touched.update(pages)
         self.counters.allocations += n
         return pages
 
@@ -127,6 +133,8 @@ class BlockPool:
         if self._hash[page] is not None:
             raise AccountingError(f"register: page {page} is already registered")
         self._hash[page] = block_hash
+        if self._touched is not None:
+            self._touched.add(page)
         if block_hash in self._primary:
             return False
         self._primary[block_hash] = page
@@ -139,6 +147,8 @@ class BlockPool:
                 raise AccountingError(f"acquire: page {page} is free (reset)")
             del self._inactive[page]
         self._refs[page] += 1
+        if self._touched is not None:
+            self._touched.add(page)
 
     def release(self, page: int) -> None:
         """Drop one strong reference; the last one returns the page to a pool."""
@@ -148,6 +158,8 @@ class BlockPool:
         if page == self.padding_page and refs == 1:
             raise AccountingError("release: the padding page is referenced forever")
         self._refs[page] = refs - 1
+        if self._touched is not None:
+            self._touched.add(page)
         if refs > 1:
             return
         h = self._hash[page]
@@ -163,6 +175,10 @@ class BlockPool:
 
     def _forget(self, page: int) -> None:
         h = self._hash[page]
+        if self._touched is not None:
+            self._touched.add(page)
+            if h is not None:
+                self._touched_hashes.add(h)  # type: ignore[union-attr]
         if h is not None and self._primary.get(h) == page:
             del self._primary[h]
         self._hash[page] = None
@@ -227,6 +243,19 @@ class BlockPool:
         return self.available_blocks() - floor
 
     # -- checks -----------------------------------------------------------------------
+    def track_changes(self) -> None:
+        """Start recording touched pages and hashes for :meth:`take_touched`."""
+        if self._touched is None:
+            self._touched, self._touched_hashes = set(), set()
+
+    def take_touched(self) -> tuple[set[int], set[BlockHash]]:
+        """Pages and forgotten hashes changed since the last call (tracking must be on)."""
+        if self._touched is None or self._touched_hashes is None:
+            raise AccountingError("take_touched: call track_changes() first")
+        pages, hashes = self._touched, self._touched_hashes
+        self._touched, self._touched_hashes = set(), set()
+        return pages, hashes
+
     def check(self) -> None:
         """Assert the pool's internal invariants; monitors call this after every event."""
         reset = set(self._reset)

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from openinfer.errors import AccountingError
 from openinfer.kv.hashing import BASE_SALT, block_hashes, salt_hash
 from openinfer.kv.pool import BlockPool, PageRefs
+from openinfer.kv.pool_audit import PoolAudit
 from openinfer.kv.probe import PrefixProbe, Reservation, commit_loaded_blocks, probe_prefix, \
     reserve_loaded_blocks
 from openinfer.kv.request_kv import KvState, RequestKv, ceil_div
@@ -63,6 +64,7 @@ class PoolMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(2, 20))
     def setup(self, num_blocks):
         self.pool = BlockPool(BS, num_blocks, entitlement=self.entitlement)
+        self.audit = PoolAudit(self.pool)
         self.n = num_blocks
         self.reqs: list[Req] = []
         self.raw: list[list[int]] = []
@@ -394,6 +396,7 @@ class PoolMachine(RuleBasedStateMachine):
         if not hasattr(self, "pool"):
             return
         pool = self.pool
+        self.audit.check_changes()  # the monitors' O(changes) audit agrees with the full check below
         pool.check()
         refs = [pool.refcount(p) for p in range(self.n)]
         assert min(refs) >= 0

@@ -1,0 +1,74 @@
+"""An incremental audit of a :class:`BlockPool`: the invariants of ``check`` after every
+event, at a cost that follows what the event changed rather than the pool's size.
+
+A full ``check`` walks every page. On an H200-sized pool (tens of thousands of pages) that
+costs tens of milliseconds, so a monitor could afford it only every N passes, and a broken
+page was caught late, far from the event that broke it. This audit keeps its own count of
+active pages and, after each event, re-checks only the pages and hashes the pool reports
+as touched:
+
+- per touched page: refcount >= 0; an active page is not in the inactive pool; an inactive
+  page is its hash's matchable primary;
+- per touched hash (registered or forgotten): its primary, if any, names it back and is
+  not sitting free outside the inactive pool (a stale radix entry);
+- globally, O(1): reset + inactive + active == total, entitlement >= 0.
+
+What it cannot see locally (a page both in reset and elsewhere whose counts cancel) the
+periodic and end-of-run full ``check`` still catches. Any finding is reported with the
+full check's own message when that check agrees, so both audits speak one language.
+"""
+
+from __future__ import annotations
+
+from openinfer.errors import AccountingError
+from openinfer.kv.pool import BlockPool
+
+
+class PoolAudit:
+    """Checks one pool after each event (``check_changes``) and in full (``check_all``)."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        pool.track_changes()
+        pool.take_touched()
+        refs = pool._refs  # the audit reads the pool's fields on purpose: it is the pool's own check
+        self._active = bytearray(r > 0 for r in refs)
+        self._n_active = sum(self._active)
+
+    def check_changes(self) -> None:
+        pool = self.pool
+        pages, hashes = pool.take_touched()
+        refs, page_hash, primary, inactive = pool._refs, pool._hash, pool._primary, pool._inactive
+        active = self._active
+        problem = None
+        for p in pages:
+            r = refs[p]
+            h = page_hash[p]
+            if r < 0:
+                problem = f"pool: page {p} has refcount {r}"
+            elif r > 0 and p in inactive:
+                problem = f"pool: page {p} is inactive with refcount {r}"
+            elif p in inactive and (h is None or primary.get(h) != p):
+                problem = f"pool: inactive page {p} is not a registered primary"
+            if h is not None:
+                hashes.add(h)
+            now = r > 0
+            if active[p] != now:
+                active[p] = now
+                self._n_active += 1 if now else -1
+        for h in hashes:
+            q = primary.get(h)
+            if q is not None and (page_hash[q] != h or (refs[q] == 0 and q not in inactive)):
+                problem = f"pool: radix entry for page {q} is stale"
+        if problem is None and len(pool._reset) + len(inactive) + self._n_active != pool.num_blocks:
+            problem = "pool: reset + inactive + active != total"
+        if problem is None and pool.entitlement_enabled and pool.entitled < 0:
+            problem = "pool: negative entitlement"
+        if problem is not None:
+            pool.check()  # raises with its own message when it sees the same fault
+            raise AccountingError(problem)
+
+    def check_all(self) -> None:
+        """The full O(pages) ``check`` (and a resync of the active count it vouches for)."""
+        self.check_changes()
+        self.pool.check()
