@@ -23,7 +23,7 @@ class StepKind(Enum):
     UNIFIED = "unified"
 
 
-@dataclass
+@dataclass(slots=True)
 class PrefillRow:
     """One prompt chunk: tokens [start, start + len(tokens)) of a request."""
 
@@ -36,7 +36,7 @@ class PrefillRow:
     all_logits: bool = False  # echo + logprobs: every position's logits are needed
 
 
-@dataclass
+@dataclass(slots=True)
 class DecodeRow:
     """One decode row: the request's dangling token at ``position``."""
 
@@ -62,7 +62,7 @@ class StepPlan:
         return [r.req_id for r in self.prefill] + [r.req_id for r in self.decode]
 
 
-@dataclass
+@dataclass(slots=True)
 class RowResult:
     token: int | None  # None for a non-final prefill chunk
     logprob: float | None = None

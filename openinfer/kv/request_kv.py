@@ -31,6 +31,9 @@ def lifetime_blocks(prompt: int, max_tokens: int, block_size: int) -> int:
     return max(1, ceil_div(prompt if max_tokens <= 1 else prompt + max_tokens, block_size))
 
 
+_NONE_DRAWN: tuple[int, ...] = ()  # shared "no pages drawn": most steps draw none
+
+
 class KvState(Enum):
     IDLE = "idle"
     PREFILL_SCHEDULED = "prefill_scheduled"
@@ -66,7 +69,7 @@ class RequestKv:
         self.admitted = False
         self.state = KvState.IDLE
         self._scheduled_tokens = 0
-        self._drawn: list[int] = []  # pages drawn by the scheduled step, for revert
+        self._drawn: Sequence[int] = _NONE_DRAWN  # pages drawn by the scheduled step, for revert
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -130,22 +133,34 @@ class RequestKv:
 
     # -- decode -----------------------------------------------------------------------
     def schedule_decode(self) -> bool:
-        """Draw pages for one decode row (one eager generation page ahead)."""
-        self._expect(KvState.IDLE)
-        if len(self.tokens) != self.kv_position + 1:
+        """Draw pages for one decode row (one eager generation page ahead).
+
+        Runs once per row per token in a simulation, so the common case (the eager page is
+        already drawn) is inline; the checks are the same as the generic path's."""
+        if self.state is not KvState.IDLE:
+            self._expect(KvState.IDLE)
+        pos = self.kv_position
+        if len(self.tokens) != pos + 1:
             raise AccountingError("schedule_decode needs exactly one token without KV")
-        if not self._draw(ceil_div(self.kv_position + 2, self.block_size)):
-            return False
+        if (pos + 1) // self.block_size + 1 > len(self.pages):  # ceil((pos + 2) / bs) pages
+            if not self._draw(ceil_div(pos + 2, self.block_size)):
+                return False
+        else:
+            self._drawn = _NONE_DRAWN
         self._scheduled_tokens = 1
         self.state = KvState.DECODE_SCHEDULED
         return True
 
     def apply_decode(self, next_token: int) -> None:
-        self._expect(KvState.DECODE_SCHEDULED)
-        self.kv_position += 1
+        if self.state is not KvState.DECODE_SCHEDULED:
+            self._expect(KvState.DECODE_SCHEDULED)
+        pos = self.kv_position = self.kv_position + 1
         self.tokens.append(next_token)
-        self._register_complete()
-        self._finish_step()
+        if pos // self.block_size > self.registered:  # a block completed: name it
+            self._register_complete()
+        self._scheduled_tokens = 0
+        self._drawn = _NONE_DRAWN
+        self.state = KvState.IDLE
 
     def revert_schedule(self) -> None:
         """Return the pages the failed step drew, last drawn first."""
@@ -187,7 +202,7 @@ class RequestKv:
     # -- internals --------------------------------------------------------------------
     def _draw(self, target_pages: int) -> bool:
         need = target_pages - len(self.pages)
-        self._drawn = []
+        self._drawn = _NONE_DRAWN
         if need <= 0:
             return True
         with self._settle():
@@ -210,7 +225,7 @@ class RequestKv:
 
     def _finish_step(self) -> None:
         self._scheduled_tokens = 0
-        self._drawn = []
+        self._drawn = _NONE_DRAWN
         self.state = KvState.IDLE
 
     def _expect(self, state: KvState) -> None:

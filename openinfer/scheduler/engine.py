@@ -34,6 +34,7 @@ from openinfer.scheduler.step_builder import build_step, choose_kind, ensure_kv,
 
 Observer = Callable[[str, dict[str, Any]], None]
 KV_ALLOCATION_FAILED = "KV allocation failed while scheduling the step"
+_INT_ONLY = {int}  # token ids are exactly ints (not bools, not numpy scalars)
 
 
 @dataclass
@@ -201,7 +202,7 @@ class Engine:
             return str(ConfigError("max_tokens", req.max_tokens, "an int >= 1"))
         vocab = self.executor.vocab_size
         prompt = req.prompt
-        if not (all(type(t) is int for t in prompt) and min(prompt) >= 0 and max(prompt) < vocab):
+        if not (set(map(type, prompt)) == _INT_ONLY and min(prompt) >= 0 and max(prompt) < vocab):
             i, t = next((i, t) for i, t in enumerate(prompt) if type(t) is not int or not 0 <= t < vocab)
             return str(ConfigError(f"prompt[{i}]", t, f"a token id in [0, {vocab})"))
         return req.params.problems()
