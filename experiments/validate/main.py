@@ -132,11 +132,12 @@ def _golden(cfg: ValidateConfig, packs: Packs) -> dict[str, Any]:
 
 def _offload(cfg: ValidateConfig, packs: Packs) -> dict[str, Any]:
     from experiments.validate.offload import offload_section
-    size = cfg.bench_size if cfg.bench_size != "tiny" or not is_cuda(cfg.device) else "tiny"
+    cuda = is_cuda(cfg.device)
+    size = cfg.bench_size if cuda else "tiny"   # on the CPU only the tiny model is practical
     pack = packs.get(size)
     reps = 5 if cfg.quick else 20
-    bench_pages = 256 if is_cuda(cfg.device) else 0  # CPU copies are synchronous: no timing
-    return offload_section(pack, cfg.block_size if size != "tiny" else 4, 64 if is_cuda(cfg.device) else 4,
+    bench_pages = 256 if cuda else 0  # CPU copies are synchronous: no timing
+    return offload_section(pack, cfg.block_size if size != "tiny" else 4, 64 if cuda else 4,
                            bench_pages, reps, cfg.seed)
 
 

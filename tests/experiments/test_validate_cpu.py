@@ -118,3 +118,19 @@ def test_bench_reports_failed_bounds_instead_of_a_key_error(monkeypatch):
     assert out["status"] == "failed" and "no copy engine" in out["reason"]
     assert out["bounds"]["status"] == "error" and "decode" not in out
 
+
+def test_offload_uses_the_tiny_model_on_the_cpu(monkeypatch):
+    from experiments.validate import main as M
+    from experiments.validate import offload
+
+    asked = []
+
+    class Packs:
+        def get(self, size):
+            asked.append(size)
+            return size
+    monkeypatch.setattr(offload, "offload_section", lambda pack, *a: dict(pack=pack))
+    assert M._offload(ValidateConfig(report="x.json", device="cpu", bench_size="4b"), Packs()) == dict(pack="tiny")
+    monkeypatch.setattr(M, "is_cuda", lambda _d: True)
+    assert M._offload(ValidateConfig(report="x.json", bench_size="4b"), Packs()) == dict(pack="4b")
+    assert asked == ["tiny", "4b"]
