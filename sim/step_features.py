@@ -11,10 +11,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
 
+from openinfer.backend.buckets import GRAPH_BUCKETS  # spec §1.4, shared with the real executor
 from openinfer.backend.executor import StepKind, StepPlan
-
-# spec §1.4: 1, 2, 4, 8, 16, 20, 24, 32, 40, ... (step 8) ..., 256
-GRAPH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 20, 24) + tuple(range(32, 257, 8))
 
 
 def padded_batch(rows: int, buckets: tuple[int, ...] = GRAPH_BUCKETS) -> int:

@@ -113,7 +113,7 @@ def max_pages_per_seq(spec: GridSpec) -> int:
 def run_grid(pack: Any, spec: GridSpec, backend: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from openinfer.backend.cuda_executor import CudaExecutor
     from openinfer.models.qwen3 import Qwen3Model
-    from openinfer.models.qwen3.cuda_graphs import ENGINE_BUCKETS
+    from openinfer.backend.buckets import buckets_up_to
     from openinfer.runtime import WallRuntime
 
     on_cuda = pack.device.type == "cuda" if hasattr(pack.device, "type") else str(pack.device).startswith("cuda")
@@ -123,10 +123,9 @@ def run_grid(pack: Any, spec: GridSpec, backend: str | None = None) -> tuple[dic
     fill_random(arena.data, spec.seed)
     arena.data[0].zero_()
     rt = WallRuntime(spec.seed)
-    top = max(spec.decode_batches)
-    buckets = tuple(b for b in ENGINE_BUCKETS if b < top) + (top,)
+    buckets = buckets_up_to(max(spec.decode_batches))
     ex = CudaExecutor(rt, model, arena, padding_page=0, max_pages_per_seq=max_pages_per_seq(spec),
-                      graph_buckets=sorted(set(buckets)), seed=spec.seed)
+                      graph_buckets=buckets, seed=spec.seed)
     ex.capture_graphs()
     records: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []
@@ -154,4 +153,4 @@ def run_grid(pack: Any, spec: GridSpec, backend: str | None = None) -> tuple[dic
     log(f"grid {pack.size}: {len(points)} points, {len(records)} records")
     del ex, arena
     return dict(size=pack.size, points=points, records=len(records), block_size=spec.block_size,
-                graph_buckets=list(sorted(set(buckets)))), records
+                graph_buckets=list(buckets)), records

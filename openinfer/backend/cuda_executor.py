@@ -33,6 +33,7 @@ import torch
 from simpy.events import Event
 
 from openinfer.backend.jsonl import write_jsonl
+from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
 from openinfer.models.qwen3.batch import ForwardBatch, SeqInput
 from openinfer.models.qwen3.kv_arena import KVArena
@@ -123,8 +124,8 @@ class CudaExecutor:
         """Capture the decode buckets (slow: compile + warm-up per bucket), once."""
         if not self._want_graphs or self.graphs is not None:
             return
-        from openinfer.models.qwen3.cuda_graphs import ENGINE_BUCKETS, DecodeGraphs
-        buckets = self.graph_buckets or list(ENGINE_BUCKETS)
+        from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
+        buckets = self.graph_buckets or list(GRAPH_BUCKETS)
         self.graphs = DecodeGraphs(self.model, self.arena, self.max_pages_per_seq, buckets,
                                    padding_page=self.padding_page)
         self.graphs.capture()

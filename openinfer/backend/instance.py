@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from openinfer.backend.buckets import buckets_up_to
 from openinfer.backend.cuda_executor import CudaExecutor
 from openinfer.backend.cuda_transfer import CudaTransfer, PinnedHostArena
 from openinfer.errors import require
@@ -54,7 +55,7 @@ class RealConfig:
     max_decode_batch: int = 256
     max_context_tokens: int = 8192
     cuda_graphs: bool | None = None       # None: on CUDA with the triton backend
-    graph_buckets: tuple[int, ...] | None = None  # None: the engine's buckets up to max_decode_batch
+    graph_buckets: tuple[int, ...] | None = None  # None: buckets_up_to(max_decode_batch)
     seed: int = 0
     poll_s: float = 2e-5                  # CUDA-event polling interval of steps and copies
     cpu_copy_delay_s: float = 0.0         # >0: CPU copies complete asynchronously (tests)
@@ -158,11 +159,7 @@ def build_real_instance(ckpt: str | Path | Qwen3Model, cfg: RealConfig | None = 
         host = HostTier(rt, host_slots, transfer, name=f"{name}/host")
     store = KvStore(rt, [Rank(pool, host)], v.store_config())
     max_pages = -(-cfg.max_context_tokens // cfg.block_size) + 1
-    buckets = cfg.graph_buckets
-    if buckets is None:
-        from openinfer.models.qwen3.cuda_graphs import ENGINE_BUCKETS
-        buckets = tuple(b for b in ENGINE_BUCKETS if b < cfg.max_decode_batch) + (cfg.max_decode_batch,)
-        buckets = tuple(sorted(set(buckets)))
+    buckets = cfg.graph_buckets if cfg.graph_buckets is not None else buckets_up_to(cfg.max_decode_batch)
     executor = CudaExecutor(rt, model, arena, padding_page=pool.padding_page, max_pages_per_seq=max_pages,
                             cuda_graphs=cfg.cuda_graphs, graph_buckets=buckets, poll_s=cfg.poll_s,
                             seed=cfg.seed, transfer=transfer)

@@ -151,3 +151,17 @@ def test_lora_is_refused_cleanly(tiny_model):
     (h,) = _serve(inst, [GenerateRequest(prompt(1, 5), 2, lora="a")])
     assert h.terminal_event().kind is EventKind.REJECTED
 
+
+
+def test_the_real_executor_captures_the_simulators_buckets(tiny_model):
+    """One bucket list (spec §1.4, 20 included) for the simulator's padding and the real
+    executor's graphs, cut at the instance's decode batch cap."""
+    from openinfer.backend.buckets import GRAPH_BUCKETS, buckets_up_to
+    from sim.step_features import padded_batch
+
+    assert GRAPH_BUCKETS[:9] == (1, 2, 4, 8, 16, 20, 24, 32, 40) and GRAPH_BUCKETS[-1] == 256
+    assert buckets_up_to(20) == (1, 2, 4, 8, 16, 20) and buckets_up_to(22) == (1, 2, 4, 8, 16, 20, 22)
+    assert buckets_up_to(256) == GRAPH_BUCKETS and buckets_up_to(1) == (1,)
+    inst = cpu_instance(tiny_model, max_decode_batch=24)
+    assert inst.executor.graph_buckets == [1, 2, 4, 8, 16, 20, 24]
+    assert [padded_batch(n) for n in (17, 21)] == [20, 24]
