@@ -234,7 +234,7 @@ def bench(cfg: BenchConfig, log: Any = sys.stderr) -> dict[str, Any]:
         format_world_overrides(cfg.base),
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), python=platform.python_version(),
                      loadavg_start=[round(x, 2) for x in os.getloadavg()]),
-        estimate_s=round(total_est, 1), runs_planned=len(jobs),
+        source=source_state(), estimate_s=round(total_est, 1), runs_planned=len(jobs),
         targets=dict(chat_requests_per_s=TARGET_RPS, at_size=TARGET_RPS_SIZE, linear_to=TARGET_LINEAR_SIZE,
                      linear_max_ratio=LINEAR_MAX, peak_rss_mb=TARGET_PEAK_MB),
         cases={})
@@ -273,6 +273,18 @@ def bench(cfg: BenchConfig, log: Any = sys.stderr) -> dict[str, Any]:
     out["wall_s_total"] = round(time.perf_counter() - started, 1)
     out["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def source_state() -> dict[str, Any]:
+    """The commit measured and the simulator files that differed from it (a shared tree)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+        st = subprocess.run(["git", "status", "--porcelain", "--", "openinfer", "sim", "experiments"], cwd=root,
+                            capture_output=True, text=True).stdout
+    except OSError:
+        return dict(commit=None, modified=[])
+    return dict(commit=head or None, modified=sorted(ln[3:] for ln in st.splitlines() if ln[3:].endswith(".py")))
 
 
 def _scaling(c: dict[str, Any], lo: int, hi: int, side: str) -> float:
