@@ -1,4 +1,4 @@
-"""Shared pieces of ``experiments.validate``: timing, environment, random checkpoints.
+"""Shared pieces of ``experiments.validate``: timing, environment, scratch space, sections.
 
 Timing follows the device method: warm up first, time each repeat with CUDA events around
 the region (a host clock on the CPU), report the median. Every number that a bound is
@@ -8,7 +8,6 @@ compared against is measured in the same process, never a datasheet value.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import platform
 import statistics
@@ -20,10 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from openinfer.models.qwen3.checkpoint import write_safetensors_streaming
-from openinfer.models.qwen3.config import DTYPES, Qwen3Config
-from openinfer.models.qwen3.weights import EMBED, LM_HEAD, expected_shapes
 
 
 def log(msg: str) -> None:
@@ -112,33 +107,6 @@ def scratch_dir(preferred: str | None = None) -> Path:
         if st.f_bavail * st.f_frsize > 24 * 2**30:
             return Path(tempfile.mkdtemp(dir=shm, prefix="validate-"))
     return Path(tempfile.mkdtemp(prefix="validate-"))
-
-
-def write_random_checkpoint_fast(cfg: Qwen3Config, out_dir: str | Path, seed: int = 0,
-                                 dtype: str = "bfloat16", device: str = "cpu") -> Path:
-    """``write_random_checkpoint``'s distributions (N(0, 1/fan_in) projections, 1 + 0.1·N
-    norms, N(0, 1/hidden) embeddings) drawn on ``device``: a 4B checkpoint in seconds on a
-    GPU instead of a minute of CPU generator. Seeded per (seed, tensor index), the same
-    HF layout through the same streaming safetensors writer."""
-    from openinfer.models.qwen3.checkpoint import write_config
-    tdtype = DTYPES[dtype]
-    out = write_config(cfg, out_dir, dtype)
-    specs = expected_shapes(cfg)
-    index = {name: i for i, name in enumerate(specs)}
-
-    def make(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + index[name])
-        x = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
-        if len(shape) == 1:
-            x.mul_(0.1).add_(1.0)
-        elif name in (EMBED, LM_HEAD):
-            x.mul_(1.0 / math.sqrt(cfg.hidden_size))
-        else:
-            x.mul_(1.0 / math.sqrt(shape[1]))
-        return x.to(tdtype).cpu()
-
-    write_safetensors_streaming(out / "model.safetensors", specs, tdtype, make)
-    return out
 
 
 def weight_bytes(weights: Any) -> int:

@@ -93,19 +93,19 @@ class Packs:
     def get(self, size: str) -> ModelPack:
         if size not in self.packs:
             import time
-            from openinfer.models.qwen3 import preset
+            from openinfer.models.qwen3 import preset, write_random_checkpoint
             from openinfer.models.qwen3.config import DTYPES
             mcfg = preset(size, torch_dtype=self.cfg.dtype)
             t0 = time.perf_counter()
             gen_dev = self.cfg.device if is_cuda(self.cfg.device) else "cpu"
-            ckpt = common.write_random_checkpoint_fast(mcfg, self.scratch / size, seed=self.cfg.seed,
-                                                       dtype=self.cfg.dtype, device=gen_dev)
+            ckpt = write_random_checkpoint(mcfg, self.scratch / size, seed=self.cfg.seed, dtype=self.cfg.dtype,
+                                           device=gen_dev)
             t1 = time.perf_counter()
             self.packs[size] = ModelPack(size, mcfg, ckpt, self.cfg.device, DTYPES[self.cfg.dtype])
             self.made[size] = dict(params=mcfg.num_parameters(), write_s=round(t1 - t0, 2),
                                    load_s=round(time.perf_counter() - t1, 2),
                                    bytes=(ckpt / "model.safetensors").stat().st_size, seed=self.cfg.seed,
-                                   generator=f"write_random_checkpoint_fast on {gen_dev}")
+                                   generator=f"write_random_checkpoint on {gen_dev}")
             log(f"checkpoint {size}: {self.made[size]}")
         return self.packs[size]
 

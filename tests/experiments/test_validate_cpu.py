@@ -134,3 +134,10 @@ def test_offload_uses_the_tiny_model_on_the_cpu(monkeypatch):
     monkeypatch.setattr(M, "is_cuda", lambda _d: True)
     assert M._offload(ValidateConfig(report="x.json", bench_size="4b"), Packs()) == dict(pack="4b")
     assert asked == ["tiny", "4b"]
+
+
+def test_checkpoints_come_from_the_one_checked_generator(report, tmp_path):
+    from openinfer.models.qwen3 import preset, write_random_checkpoint
+    assert report[0]["checkpoints"]["tiny"]["generator"] == "write_random_checkpoint on cpu"
+    with pytest.raises(ConfigError, match="dtype"):
+        write_random_checkpoint(preset("tiny"), tmp_path, dtype="int8", device="cpu")
