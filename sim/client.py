@@ -146,8 +146,9 @@ class Client:
             return
         ticket.handle = None
         spec = ticket.spec
-        rec = request_record(h.req_id, h.submitted_at, len(spec.prompt), h.events, aborted_at=aborted_at,
-                             itl_out=self.itl)
+        others, token_times = h.sink.stream()
+        rec = request_record(h.req_id, h.submitted_at, len(spec.prompt), others, token_times=token_times,
+                             aborted_at=aborted_at, itl_out=self.itl)
         rec.session, rec.turn = spec.session, spec.turn
         self.records.append(rec)
         if self.stop_after is not None:

@@ -54,28 +54,31 @@ class RequestRecord:
 
 
 def request_record(req_id: int, submitted_at: float, prompt_len: int, events: Iterable[RequestEvent],
-                   *, aborted_at: float | None = None, itl_out: array | None = None) -> RequestRecord:
+                   *, token_times: Sequence[float] | None = None, aborted_at: float | None = None,
+                   itl_out: array | None = None) -> RequestRecord:
     """One request's record from its event stream (``aborted_at``: the client gave up then).
+
+    ``token_times`` given: ``events`` are the stream's other events and the tokens are
+    these times (a sink's compact ``stream()``); otherwise both come from ``events``.
     Inter-token gaps are appended to ``itl_out`` when given."""
+    if token_times is None:
+        events = list(events)
+        token_times = array("d", [e.time for e in events if e.kind is EventKind.TOKEN])
     rec = RequestRecord(req_id, submitted_at, prompt_len)
-    last_tok: float | None = None
     terminal: RequestEvent | None = None
-    token = EventKind.TOKEN
     for ev in events:
         kind = ev.kind
-        if kind is token:
-            t = ev.time
-            if last_tok is None:
-                rec.first_token_at = t
-            elif itl_out is not None:
-                itl_out.append(t - last_tok)
-            last_tok = t
-            rec.output_tokens += 1
-        elif kind is EventKind.SCHEDULED:
+        if kind is EventKind.SCHEDULED:
             rec.scheduled_at = ev.time
             rec.cached_tokens = ev.cached_tokens
         elif kind in (EventKind.FINISHED, EventKind.ERROR, EventKind.REJECTED):
             terminal = ev
+    if token_times:
+        rec.first_token_at = token_times[0]
+        rec.output_tokens = len(token_times)
+        if itl_out is not None and len(token_times) > 1:
+            times = np.asarray(token_times, dtype=np.float64)
+            itl_out.frombytes(np.diff(times).tobytes())
     if terminal is not None:
         rec.status = {EventKind.FINISHED: "finished", EventKind.ERROR: "error",
                       EventKind.REJECTED: "rejected"}[terminal.kind]

@@ -355,10 +355,10 @@ class Engine:
                 finishes.append(Finish(p.sink, self._finished(p.id, FinishReason.STOP, 0, p.queued_at), p.cursor))
                 self._drop_pending(p)
             elif p.req.max_tokens <= 1:
-                p.sink.send(RequestEvent(EventKind.TOKEN, p.id, self.rt.now(), token=tok))
+                p.sink.send_token(self.rt.now(), tok)
                 finishes.append(Finish(p.sink, self._finished(p.id, FinishReason.LENGTH, 1, p.queued_at), p.cursor))
                 self._drop_pending(p)
-            elif not p.sink.send(RequestEvent(EventKind.TOKEN, p.id, self.rt.now(), token=tok)):
+            elif not p.sink.send_token(self.rt.now(), tok):
                 self._drop_pending(p)  # client gone: no terminal event
             else:
                 assert p.kv is not None
@@ -390,7 +390,6 @@ class Engine:
         paired = len(active) == len(plan.decode)
         active_by_id: dict[int, ActiveRequest] | None = None
         seal, rank, cacheable = self.store.seal, self.rank, SaveClass.CACHEABLE
-        token_kind = EventKind.TOKEN
         for i, row in enumerate(plan.decode):
             rid = row.req_id
             if paired and active[i].id == rid:
@@ -412,11 +411,11 @@ class Engine:
                                        a.cursor))
                 self._drop_active(a)
             elif completion >= a.req.max_tokens:
-                a.sink.send(RequestEvent(token_kind, rid, now, tok))
+                a.sink.send_token(now, tok)
                 finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at),
                                        a.cursor))
                 self._drop_active(a)
-            elif not a.sink.send(RequestEvent(token_kind, rid, now, tok)):
+            elif not a.sink.send_token(now, tok):
                 self._drop_active(a)
             else:
                 a.generated = completion

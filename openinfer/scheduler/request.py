@@ -8,6 +8,7 @@ whose client has gone away gets no terminal event: nobody is left to read it.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -103,13 +104,24 @@ class AbortCell:
 
 
 class TokenSink:
-    """The engine's end of a request's stream; also the resolve's cancel probe."""
+    """The engine's end of a request's stream; also the resolve's cancel probe.
+
+    A long simulation sends one token per row per step, so tokens nobody is waiting on
+    (no ``on_event`` callback, no ``next_event`` waiter) are kept as a compact run of
+    (time, token) instead of one :class:`RequestEvent` each; ``events`` turns the run into
+    events when someone reads it, and ``stream`` hands metrics the token times without
+    building them. The order of the stream is exactly as sent either way.
+    """
 
     def __init__(self, req_id: int, rt: Any, on_event: Callable[[RequestEvent], None] | None = None) -> None:
         self.req_id = req_id
         self.rt = rt
         self.abort_cell = AbortCell()
-        self.events: list[RequestEvent] = []
+        self._events: list[RequestEvent] = []    # the stream up to the compact run
+        self._run_times = array("d")             # the run: tokens sent after _events ...
+        self._run_tokens: list[int] = []
+        self._after_run: list[RequestEvent] = []  # ... and events sent after the run
+        self._loose_tokens = 0                   # Token events inside _events
         self.on_event = on_event
         self.terminal: Event = rt.event()
         self._waiters: list[Event] = []
@@ -122,17 +134,61 @@ class TokenSink:
     def abort(self, state: AbortState) -> None:
         self.abort_cell.state = state
 
+    @property
+    def events(self) -> list[RequestEvent]:
+        """The whole stream as events (the compact run is materialized once, here)."""
+        if self._run_tokens:
+            rid, kind = self.req_id, EventKind.TOKEN
+            self._events.extend(RequestEvent(kind, rid, t, tok) for t, tok in zip(self._run_times, self._run_tokens))
+            self._loose_tokens += len(self._run_tokens)
+            self._run_times, self._run_tokens = array("d"), []
+        if self._after_run:
+            self._events.extend(self._after_run)
+            self._after_run = []
+        return self._events
+
+    def stream(self) -> tuple[list[RequestEvent], array]:
+        """(every non-token event in order, the times of every token in order)."""
+        if self._loose_tokens:
+            events = self.events
+            return ([e for e in events if e.kind is not EventKind.TOKEN],
+                    array("d", [e.time for e in events if e.kind is EventKind.TOKEN]))
+        return self._events + self._after_run, self._run_times
+
+    def tokens(self) -> list[int]:
+        if self._loose_tokens:
+            return [e.token for e in self.events if e.kind is EventKind.TOKEN and e.token is not None]
+        return list(self._run_tokens)
+
     def is_closed(self) -> bool:
         return self.abort_cell.state is not AbortState.NONE
 
     def is_cancelled(self) -> bool:  # CancelProbe
         return self.abort_cell.state is not AbortState.NONE
 
+    def send_token(self, time: float, token: int) -> bool:
+        """Deliver one generated token; False once the client has gone."""
+        if self.abort_cell.state is not AbortState.NONE:
+            return False
+        if self.on_event is not None or self._waiters:
+            return self.send(RequestEvent(EventKind.TOKEN, self.req_id, time, token))
+        if self._after_run:
+            self.events  # an event came after the run: close it before a new one starts
+        self._run_times.append(time)
+        self._run_tokens.append(token)
+        return True
+
     def send(self, event: RequestEvent) -> bool:
         """Deliver an event; False once the client has gone (the engine drops the request)."""
         if self.abort_cell.state is not AbortState.NONE:
             return False
-        self.events.append(event)
+        if event.kind is EventKind.TOKEN:
+            self.events.append(event)  # after the run, in order
+            self._loose_tokens += 1
+        elif self._run_tokens:
+            self._after_run.append(event)
+        else:
+            self._events.append(event)
         if self.on_event is not None:
             self.on_event(event)
         if self._waiters:
@@ -175,7 +231,7 @@ class RequestHandle:
         self.sink.abort = AbortState.CANCELLED
 
     def tokens(self) -> list[int]:
-        return [e.token for e in self.sink.events if e.kind is EventKind.TOKEN and e.token is not None]
+        return self.sink.tokens()
 
     def terminal_event(self) -> RequestEvent | None:
-        return next((e for e in self.sink.events if e.kind in TERMINAL), None)
+        return next((e for e in self.sink.stream()[0] if e.kind in TERMINAL), None)
