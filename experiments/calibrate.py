@@ -9,6 +9,11 @@
 The GPU name and date come from the validate report (so a profile names the run it
 stands on), or from ``gpu=`` / ``date=``. Prints the fit quality and writes the profile;
 ``experiments.fidelity`` and ``experiments.simulate profile=PATH`` run on it.
+
+Besides the step and copy coefficients it measures whether a step holds the engine's host
+thread (``sim.calibration.host_hold``: are copies that land during a step seen before it
+ends?); a profile that says so makes the simulator defer everything that falls due during
+a step to its end (``sim.host_thread``), as the real engine does.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from experiments.cli import main_guard, parse_overrides
 from openinfer.errors import ConfigError, require
-from sim.calibration import fit_copies, fit_steps, host_gap_s, read_jsonl
+from sim.calibration import fit_copies, fit_steps, host_gap_s, host_hold, read_jsonl
 from sim.profile import FittedProfile
 
 TARGETS = ("wall_s", "gpu_s")
@@ -71,12 +76,13 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     step_model, step_quality = fit_steps(records, cfg.target, cfg.balance_kinds)
     gap, gaps = host_gap_s(records, cfg.target)
     links = fit_copies(copy_records, cfg.copy_target)
+    hold = host_hold(records if not cfg.copies else [*records, *copy_records])
     slug = gpu.lower().replace("nvidia", "").strip().replace(" ", "-")
     name = cfg.name or f"{slug}_{cfg.model}"
     return FittedProfile(
         name=name, gpu=gpu, date=date, model=cfg.model, base_hardware=cfg.base_hardware,
         step_model=step_model, d2h=links.d2h, h2d=links.h2d, host_overhead_s=gap,
-        quality=dict(steps=step_quality, host_gaps=gaps),
+        host_holds_steps=hold.holds, quality=dict(steps=step_quality, host_gaps=gaps, host_hold=hold.as_dict()),
         source=dict(steps=step_files, copies=cfg.copies, target=cfg.target, copy_target=cfg.copy_target,
                     validate_report=cfg.validate_report))
 
@@ -92,6 +98,10 @@ def print_profile(p: FittedProfile, path: Path) -> None:
     print("  step    " + "  ".join(f"{k}={v:.3g}" for k, v in coef.items()))
     print(f"  host gap between back-to-back steps {p.host_overhead_s * 1e3:.3f} ms "
           f"({p.quality['host_gaps']} gaps)")
+    h = p.quality.get("host_hold") or {}
+    print(f"  host    a step {'holds' if p.host_holds_steps else 'does not hold'} the host thread: "
+          f"{h.get('seen_inside', 0)} of {h.get('due_inside', 0)} copies that landed inside a step were seen "
+          "before it ended")
     for d in ("d2h", "h2d"):
         link = getattr(p, d)
         if link is not None:

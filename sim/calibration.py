@@ -13,18 +13,20 @@ arithmetic on those records, so it is tested on the CPU with synthetic timings.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from openinfer.backend.executor import StepKind
+from openinfer.backend.executor import StepKind, StepPlan
 from openinfer.errors import ConfigError, require
 from sim.calibrated_step_model import CalibratedStepModel
 from sim.profile import LinkFit
-from sim.step_features import StepFeatures, padded_batch
+from sim.step_features import StepFeatures, step_features
 
 FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures))
 COPY_DIRECTIONS = ("d2h", "h2d")
@@ -52,15 +54,10 @@ def is_copy(rec: Mapping[str, Any]) -> bool:
     return rec.get("type") == "copy" or "dir" in rec
 
 
-def features_of(rec: Mapping[str, Any]) -> StepFeatures:
-    """The step counts of one record, whichever of the two forms it uses."""
-    given = rec.get("features", rec)
-    if all(k in given for k in FEATURE_FIELDS):
-        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS})
-    if "prefill" not in rec and "prefill_rows" not in rec and "decode_positions" not in rec:
-        raise ConfigError("step record", sorted(rec)[:8], f"the fields {', '.join(FEATURE_FIELDS)} "
-                          "or prefill + decode_positions")
-    tokens = pairs = ctx = logits = 0
+def _rows(rec: Mapping[str, Any]) -> list[SimpleNamespace]:
+    """A record's prefill rows as the plan rows ``step_features`` reads (``tokens`` is a
+    range: only its length is read)."""
+    out = []
     for row in rec.get("prefill", rec.get("prefill_rows", ())):
         if isinstance(row, Mapping):
             start, n, final, all_logits = row["start"], row["n"], row.get("is_final", False), row.get("all_logits", False)
@@ -68,15 +65,28 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
             start, n = row[0], row[1]
             final = bool(row[2]) if len(row) > 2 else False
             all_logits = bool(row[3]) if len(row) > 3 else False
-        tokens += n
-        pairs += n * start + n * (n + 1) // 2
-        ctx += start + n
-        logits += n if all_logits else (1 if final else 0)
-    positions = list(rec.get("decode_positions", ()))
-    rows = len(positions)
-    pure_decode = rec.get("kind", StepKind.DECODE.value if not tokens else "") == StepKind.DECODE.value
-    padded = rec.get("decode_rows_padded", padded_batch(rows) if pure_decode else rows)
-    return StepFeatures(tokens, pairs, ctx, logits, rows, int(padded), sum(positions) + rows)
+        out.append(SimpleNamespace(start=int(start), tokens=range(int(n)), is_final=bool(final),
+                                   all_logits=bool(all_logits)))
+    return out
+
+
+def features_of(rec: Mapping[str, Any]) -> StepFeatures:
+    """The step counts of one record, whichever of the two forms it uses. Raw rows go
+    through ``sim.step_features.step_features`` (the one implementation of the counts the
+    simulator charges), with the decode padding the real executor recorded."""
+    given = rec.get("features", rec)
+    if all(k in given for k in FEATURE_FIELDS):
+        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS})
+    if "prefill" not in rec and "prefill_rows" not in rec and "decode_positions" not in rec:
+        raise ConfigError("step record", sorted(rec)[:8], f"the fields {', '.join(FEATURE_FIELDS)} "
+                          "or prefill + decode_positions")
+    prefill = _rows(rec)
+    decode = [SimpleNamespace(position=int(p)) for p in rec.get("decode_positions", ())]
+    pure_decode = rec.get("kind", StepKind.DECODE.value if not prefill else "") == StepKind.DECODE.value
+    kind = StepKind.DECODE if pure_decode else StepKind.UNIFIED
+    f = step_features(StepPlan(kind, prefill=prefill, decode=decode))  # type: ignore[arg-type]
+    padded = rec.get("decode_rows_padded")
+    return f if padded is None else replace(f, decode_rows_padded=int(padded))
 
 
 def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
@@ -111,6 +121,50 @@ def host_gap_s(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> 
         if 0 <= gap < MAX_BACK_TO_BACK_GAP_S:
             gaps.append(gap)
     return (float(np.median(gaps)) if gaps else 0.0), len(gaps)
+
+
+@dataclass(frozen=True)
+class HostHold:
+    """Does a step hold the host thread? Evidence from the copies: a copy whose DMA finished
+    (``submitted_at + gpu_s``) well inside a step is seen by its poller (``submitted_at +
+    wall_s``) inside that step on a free host, and only after the step on a held one."""
+
+    holds: bool
+    due_inside: int      # copies whose DMA finished >= HOLD_MARGIN_S before the step ended
+    seen_inside: int     # ... of which the host saw done before the step ended
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(holds=self.holds, due_inside=self.due_inside, seen_inside=self.seen_inside)
+
+
+HOLD_MARGIN_S = 5e-4       # a poll (20 µs) and the Python around it fit many times over
+HOLD_MIN_COPIES = 20
+HOLD_MAX_SHARE = 0.05      # a free host sees nearly all of them inside the step
+
+
+def host_hold(records: Sequence[Mapping[str, Any]]) -> HostHold:
+    """Whether the real engine's host is held during a step (``sim.host_thread``), from the
+    step and copy records of served runs (copies without ``gpu_s`` carry no evidence)."""
+    steps = sorted((r for r in records if not is_copy(r) and _start(r) is not None and r.get("wall_s") is not None),
+                   key=lambda r: (str(r.get("run")), _start(r)))
+    by_run: dict[str, tuple[list[float], list[float]]] = {}
+    for r in steps:
+        starts, ends = by_run.setdefault(str(r.get("run")), ([], []))
+        starts.append(_start(r))  # type: ignore[arg-type]
+        ends.append(_start(r) + float(r["wall_s"]))  # type: ignore[operator]
+    due = seen = 0
+    for c in records:
+        if not is_copy(c) or c.get("gpu_s") is None or c.get("wall_s") is None or c.get("submitted_at") is None:
+            continue
+        starts, ends = by_run.get(str(c.get("run")), ([], []))
+        landed = float(c["submitted_at"]) + float(c["gpu_s"])
+        i = bisect_right(starts, landed) - 1
+        if i < 0 or landed >= ends[i] - HOLD_MARGIN_S:
+            continue
+        due += 1
+        seen += float(c["submitted_at"]) + float(c["wall_s"]) < ends[i]
+    holds = due >= HOLD_MIN_COPIES and seen <= HOLD_MAX_SHARE * due
+    return HostHold(holds, due, seen)
 
 
 @dataclass(frozen=True)

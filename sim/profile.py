@@ -6,6 +6,11 @@ from (GPU name, date, sample counts, fit quality), so a simulator run that uses 
 which measurements its numbers stand on. It is a YAML file under ``conf/profiles/`` so it
 travels with the configs; step coefficients are per (GPU, model geometry), which is why
 the profile also names the model it was fitted on and refuses another by default.
+
+It also says how the real engine's host thread behaves (``host_holds_steps``: a step holds
+the one Python thread the scheduler, store and copy pollers run on, so nothing that falls
+due during a step is handled before it ends); :meth:`FittedProfile.world` builds a
+simulated instance that behaves that way (``sim.host_thread``).
 """
 
 from __future__ import annotations
@@ -13,13 +18,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from openinfer.errors import ConfigError, require
 from sim.calibrated_step_model import CalibratedStepModel
 from sim.hardware import HardwareSpec, preset as hardware_preset
+
+if TYPE_CHECKING:
+    from sim.model_geometry import ModelGeometry
+    from sim.world import World, WorldConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class FittedProfile:
     d2h: LinkFit | None = None
     h2d: LinkFit | None = None
     host_overhead_s: float = 0.0            # scheduler time between back-to-back steps, folded in
+    host_holds_steps: bool = False          # a step holds the host thread (measured: sim.calibration.host_hold)
     quality: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -72,6 +82,26 @@ class FittedProfile:
         in the simulator the scheduler's own work takes no time, on the real engine it does."""
         sm = self.step_model
         return replace(sm, intercept=sm.intercept + self.host_overhead_s)
+
+    def world(self, cfg: WorldConfig, *, model: ModelGeometry | None = None) -> World:
+        """A simulated instance on this profile: its copy links and step model, and, when the
+        host holds steps, the host-clock runtime and an executor that holds it
+        (``sim.host_thread``). A held host needs ``transfer="queued"``: the real transfer
+        enqueues the DMA when the copy is submitted, and a modelled copy that first waits
+        for its own process to run would start late by a step."""
+        from sim.host_thread import HostClockRuntime, HostHeldExecutor
+        from openinfer.runtime import OrderSpec
+        from sim.world import build_world
+        rt = None
+        if self.host_holds_steps:
+            require(cfg.transfer == "queued", "world.transfer", cfg.transfer,
+                    "queued on a profile whose host holds steps (the DMA starts when it is submitted)")
+            rt = HostClockRuntime(cfg.seed, OrderSpec(cfg.order))
+        w = build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model(), rt=rt)
+        if rt is not None:
+            ex = HostHeldExecutor(rt, w.step_model, vocab_size=w.executor.vocab_size, seed=cfg.seed)
+            w.executor = w.engine.executor = ex
+        return w
 
     def check_model(self, model_name: str) -> None:
         require(model_name == self.model, "profile.model", self.model,

@@ -15,7 +15,7 @@ from experiments.calibrate import CalibrateConfig, calibrate
 from openinfer.errors import ConfigError
 from sim.arrivals import ArrivalSpec
 from sim.calibrated_step_model import CalibratedStepModel
-from sim.calibration import features_of, fit_copies, fit_steps, host_gap_s
+from sim.calibration import features_of, fit_copies, fit_steps, host_gap_s, host_hold
 from sim.lengths import LengthDist
 from sim.profile import FittedProfile, LinkFit
 from sim.step_features import padded_batch
@@ -131,3 +131,88 @@ def test_workload_from_dict_names_unknown_fields() -> None:
         workload_from_dict(dict(kind="random", qps=3))
     with pytest.raises(ConfigError, match="workload.kind"):
         workload_from_dict(dict(kind="trace"))
+
+
+def _served_run(held: bool, n: int = 60, seed: int = 3) -> list[dict]:
+    """Back-to-back 5 ms steps and copies submitted between them whose DMA ends 1 ms into
+    the next step; the poller sees a copy done at once (free host) or after the step (held)."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        out.append(dict(type="step", run="served:x", kind="decode", t_start_s=t, wall_s=5e-3,
+                        decode_positions=[100], decode_rows_padded=1))
+        sub = t - 1e-4
+        gpu = 1e-3 + 1e-4 + rng.uniform(0, 1e-4)
+        seen = gpu + 2e-5 if not held else (t + 5e-3 - sub) + 3e-5
+        out.append(dict(type="copy", run="served:x", dir="d2h", pages=1, bytes=2 ** 21, submitted_at=sub,
+                        gpu_s=gpu, wall_s=seen))
+        t += 5e-3 + 2e-4
+    return out
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_host_hold_is_read_from_when_copies_are_seen_done(held: bool, tmp_path) -> None:
+    recs = _served_run(held)
+    got = host_hold(recs)
+    assert got.holds is held and got.due_inside == 60 and got.seen_inside == (0 if held else 60)
+    path = tmp_path / "served.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs + step_records(60)))
+    p = calibrate(CalibrateConfig(steps=str(path), model="qwen3-0.6b", gpu="g", date="2026-12-03"))
+    assert p.host_holds_steps is held
+    assert FittedProfile.load(p.save(tmp_path / "p.yaml")).host_holds_steps is held
+    assert host_hold(step_records(60)).holds is False  # no copy evidence: the free host is kept
+
+
+def _steps_before_prefill(held: bool, case: str) -> int:
+    """Steps the engine runs between a request's arrival and the step that computes its
+    prompt, while another request keeps it decoding, on a profile whose host is held or free.
+    ``case``: the prefix is in the GPU radix ("gpu"), or misses the CPU tier after a GPU hit
+    ("miss"), or was evicted to the CPU tier and is restored ("restore")."""
+    from openinfer.scheduler.request import GenerateRequest, SamplingParams
+    from sim.world import WorldConfig
+    prof = FittedProfile(name="t", gpu="g", date="d", model="qwen3-0.6b",
+                         step_model=CalibratedStepModel(intercept=4e-3, eager_step=8e-3),
+                         d2h=LinkFit(50.0, 3e-5), h2d=LinkFit(48.0, 6e-5), host_holds_steps=held)
+    w = prof.world(WorldConfig(model="qwen3-0.6b", num_blocks=512, host_tier_gib=1.0, transfer="queued",
+                               monitors=False))
+    rt, eng = w.rt, w.engine
+    starts: list[tuple[float, list[int]]] = []
+    eng.observers.append(lambda k, d: starts.append((rt.now(), [r.req_id for r in d["plan"].prefill]))
+                         if k == "step_start" else None)
+    params = SamplingParams(ignore_eos=True)
+    prompt = list(range(1, 129))                          # 8 blocks
+    first = eng.submit(GenerateRequest(prompt, 2, params))
+    rt.run(until=first.done)
+    rt.run(until=w.store.settle(0))
+    if case == "restore":
+        w.pool.evict_inactive()
+    eng.submit(GenerateRequest(list(range(500, 540)), 400, params))
+    extra = 48 if case == "miss" else 16                  # 48: a full block past the hit is queried
+
+    def later():  # type: ignore[no-untyped-def]
+        yield rt.sleep(0.1003)                            # mid-step
+        return eng.submit(GenerateRequest(prompt + [7] * extra, 2, params))
+    proc = rt.spawn(later())
+    rt.run(until=proc)
+    req = proc.value
+    rt.run(until=req.done)
+    after = [s for s in starts if s[0] >= req.submitted_at]
+    return next(i for i, s in enumerate(after) if req.req_id in s[1])
+
+
+@pytest.mark.parametrize("case, held_steps", [("gpu", 1), ("miss", 3), ("restore", 5)])
+def test_a_held_host_admits_as_many_steps_late_as_the_h200_did(case: str, held_steps: int) -> None:
+    """results/gpu/served_fit.jsonl (H200, busy engine): a GPU-radix hit reached its prefill
+    after 1 step (61 of 64 requests), a CPU-tier miss after 3 (36 of 64; 26 after 4), a
+    CPU-tier restore after 5 (62 of 64: 2 steps to the H2D submit, 1 in flight, 2 to
+    admission). The resolve's hops advance only between steps. A free host admits every
+    one of them after 1 step, which is why TTFT came out 20-60% low."""
+    assert _steps_before_prefill(True, case) == held_steps
+    assert _steps_before_prefill(False, case) == 1
+
+
+def test_a_held_host_needs_the_queued_transfer() -> None:
+    from sim.world import WorldConfig
+    prof = FittedProfile(name="t", gpu="g", date="d", model="qwen3-0.6b", host_holds_steps=True)
+    with pytest.raises(ConfigError, match="world.transfer"):
+        prof.world(WorldConfig(model="qwen3-0.6b", num_blocks=64, transfer="modeled"))

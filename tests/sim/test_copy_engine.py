@@ -57,3 +57,53 @@ def test_queued_transfer_lands_like_modeled_transfer(engines: int) -> None:
 def test_idle_link_starts_at_once() -> None:
     a, b = _landings(QueuedTransfer, 1, [(0.0, 1), (1.0, 1)])
     assert b - 1.0 == pytest.approx(a)
+
+
+def test_on_a_held_host_a_copy_that_lands_mid_step_is_seen_when_the_step_ends() -> None:
+    """The real engine's host thread is held by a step (sim.host_thread): the DMA starts when
+    it is submitted, but its completion, like an arrival that falls due meanwhile, is handled
+    after the step, in the order they fell due; a free host sees both on time."""
+    from sim.host_thread import HostClockRuntime
+
+    def run(rt: SimRuntime, hold: bool) -> dict[str, float]:
+        link = LinkSpec(bandwidth_gib_s=20.0, latency_s=10e-6)
+        tr = QueuedTransfer(rt, PAGE, d2h=link, h2d=link)
+        seen: dict[str, float] = {}
+        order.clear()
+
+        def copy() -> Generator[Any, Any, None]:
+            yield tr.h2d([0, 1], [0, 1])          # lands after ~0.23 ms
+            seen["copy"] = rt.now()
+            order.append("copy")
+
+        def arrival() -> Generator[Any, Any, None]:
+            yield rt.sleep(1e-3)
+            seen["arrival"] = rt.now()
+            order.append("arrival")
+
+        def step() -> Generator[Any, Any, None]:
+            if hold:
+                rt.hold(5e-3)                      # a 5 ms step from t=0
+            else:
+                yield rt.sleep(5e-3)
+            seen["step_end"] = rt.now()
+            return
+            yield
+        rt.spawn(copy())
+        rt.spawn(arrival())
+        rt.spawn(step())
+        rt.run()
+        return seen
+
+    order: list[str] = []
+    dma = 10e-6 + 2 * PAGE / (20 * GIB)
+    free = run(SimRuntime(0), hold=False)
+    assert free["copy"] == pytest.approx(dma) and free["arrival"] == pytest.approx(1e-3)
+    held = run(HostClockRuntime(0), hold=True)
+    assert held["step_end"] == held["copy"] == held["arrival"] == pytest.approx(5e-3)
+    assert order == ["copy", "arrival"]
+    rt = HostClockRuntime(0)
+    tr = QueuedTransfer(rt, PAGE, d2h=LinkSpec(20.0, 10e-6), h2d=LinkSpec(20.0, 10e-6))
+    tr.h2d([0], [0])
+    rt.hold(5e-3)
+    assert tr.h2d_link.queue_delay() == 0.0   # the engine was free: the DMA ran during the step

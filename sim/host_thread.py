@@ -1,0 +1,137 @@
+"""The real engine's host thread: one Python thread that a step holds while it runs.
+
+On the real backend the scheduler, the store, the client and the copy pollers are
+generator processes on one :class:`~openinfer.runtime.wall.WallRuntime`, i.e. on one host
+thread, and the CUDA executor holds that thread for the whole step (the timing records
+show it: in ``results/gpu/served_fit.jsonl`` no copy completion and no request arrival is
+ever observed inside a step). Whatever falls due during a step (an arrival, a copy that
+landed, the next hop of a prefix resolve) is handled only after the step ends, in the
+order it fell due; and what those handlers schedule in turn waits behind the engine's
+next step launch. A prefix resolve is a chain of such hops (query the CPU tier, reserve,
+load, land, commit), so it advances a hop or two per step instead of all at once, and a
+request reaches its first prefill step several steps after it arrived.
+
+The plain simulator lets every process run during a step (virtual time only moves when
+every event of the instant is done), so it admits requests a step or more earlier than
+the real engine. :class:`HostClockRuntime` is WallRuntime's scheduling on virtual time:
+the clock is ``max(event time, the time the host is busy until)``, and simultaneous events
+run in the order they were scheduled (on a wall clock a later schedule is a later time,
+so SimPy's "process starts first" priority does not reorder them). :class:`HostHeldExecutor`
+is the simulated executor in that world: a step is a process that, once it runs, holds the
+host for its modelled time and answers when it ends, as ``CudaExecutor.execute`` does. Neither reads a clock: both are
+exact functions of the event sequence and the step model, so a run still replays from
+(config, seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from heapq import heappop, heappush
+from typing import Any
+
+from simpy.core import EmptySchedule, StopSimulation
+from simpy.events import NORMAL, Event
+
+from openinfer.backend.executor import RowResult, StepPlan, StepResult
+from openinfer.runtime.base import OrderedEnvironment, Runtime
+from openinfer.runtime.ordering import OrderSpec
+from openinfer.runtime.sim import SimRuntime
+from sim.gpu_executor import SimExecutor
+
+
+class HostClockEnvironment(OrderedEnvironment):
+    """Virtual time with a host that work can hold: ``now`` never runs behind the time the
+    host is busy until, and an event that falls due while the host is held runs when it
+    is released. Ties run in scheduling order (SimPy's URGENT start of a process is a
+    normal event here, as it is on the wall clock)."""
+
+    def __init__(self, order: Any = None, initial_time: float = 0.0) -> None:
+        super().__init__(order, initial_time)
+        self.host_free_at = initial_time
+        self.held_s = 0.0
+
+    @property
+    def now(self) -> float:  # type: ignore[override]
+        return self._now if self._now >= self.host_free_at else self.host_free_at
+
+    def hold(self, seconds: float) -> None:
+        """The host does ``seconds`` of synchronous work now: nothing else runs meanwhile."""
+        start = self.now
+        self.host_free_at = start + max(0.0, seconds)
+        self.held_s += max(0.0, seconds)
+
+    def schedule(self, event: Event, priority: Any = NORMAL, delay: float = 0) -> None:  # type: ignore[override]
+        key = self.order.key(next(self._eid), self.active_process)
+        # Only SimPy's resume-after-stop (-1) keeps its rank; every other tie is FIFO.
+        heappush(self._queue, (self.now + delay, priority if priority < 0 else NORMAL, key, event))
+
+    def step(self) -> None:
+        try:
+            due, _, _, event = heappop(self._queue)
+        except IndexError:
+            raise EmptySchedule from None
+        self._now = due if due >= self.host_free_at else self.host_free_at
+        self.events_processed += 1
+        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+        try:
+            for callback in callbacks:  # type: ignore[union-attr]
+                callback(event)
+        except StopSimulation:
+            event.callbacks = callbacks[callbacks.index(callback) + 1:]  # type: ignore[union-attr]
+            self.schedule(event, -1)
+            raise
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+
+
+class HostClockRuntime(SimRuntime):
+    """A SimRuntime on a :class:`HostClockEnvironment`."""
+
+    def __init__(self, seed: int = 0, order: OrderSpec | None = None) -> None:
+        spec = order or OrderSpec()
+        Runtime.__init__(self, HostClockEnvironment(spec.build(seed)), seed)
+        self.order_spec = spec
+
+    def hold(self, seconds: float) -> None:
+        self.env.hold(seconds)
+
+
+class HostHeldExecutor(SimExecutor):
+    """SimExecutor whose step holds the host thread for the modelled step time and answers
+    at its end: the engine resumes before anything that fell due during the step is
+    handled, as on the real executor. Tokens, EOS control, failures and counters are
+    SimExecutor's."""
+
+    def __init__(self, rt: HostClockRuntime, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(rt, HostClockRuntime):
+            raise TypeError("HostHeldExecutor needs a HostClockRuntime (a step holds its host)")
+        super().__init__(rt, *args, **kwargs)
+
+    def execute(self, plan: StepPlan) -> Event:
+        # A process, like CudaExecutor's: what the engine scheduled before the step (the
+        # resolve it just routed, say) runs before the step takes the host.
+        return self.rt.spawn(self._held(plan))
+
+    def _held(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
+        rt = self.rt
+        started = rt.now()
+        self.steps += 1
+        step = self.steps
+        rt.hold(self.step_time(plan))  # type: ignore[attr-defined]
+        self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
+        error = "injected step failure" if step in self.fail_steps else None
+        if error is None and self.step_failure is not None:
+            error = self.step_failure(plan)
+        if error is not None:
+            return StepResult({}, error=error, started_at=started, finished_at=rt.now())
+        rows: dict[int, RowResult] = {}
+        for p in plan.prefill:
+            rows[p.req_id] = RowResult(self._next(p.req_id, p.kv.num_prompt, 0), logprob=-1.0) \
+                if p.is_final else RowResult(None)
+        for d in plan.decode:
+            rows[d.req_id] = RowResult(self._next(d.req_id, d.position + 1, d.position + 1 - d.kv.num_prompt),
+                                       logprob=-1.0)
+        return StepResult(rows, started_at=started, finished_at=rt.now())
+        yield  # pragma: no cover - a process that never waits: the step held the host instead
