@@ -11,7 +11,10 @@ host-tier pages, same scheduler limits, same seed, hence the same prompts), runs
 phases on the fitted profile, and reports per phase the relative error of TTFT, TPOT and
 E2E latency (mean, p90, p99) and of ITL (mean, p99: the served report keeps no per-gap
 list), the throughput error, the absolute error of the per-tier hit rates in points, and
-the simulator's own wall time. The targets are the issue's: ≤ 3% TPOT and throughput,
+the simulator's own wall time, and per request the real TTFT next to its simulated twin's
+(``phases.<ph>.requests``: [real, sim] pairs). The twin runs on the profile's model of the
+real host (``FittedProfile.world``: when a step holds the host thread, nothing that falls
+due during a step is handled before it ends). The targets are the issue's: ≤ 3% TPOT and throughput,
 ≤ 10% mean and ≤ 15% p99 TTFT, hit rates within 2 points.
 """
 
@@ -26,13 +29,13 @@ from typing import Any
 import numpy as np
 
 from experiments.cli import main_guard, parse_overrides, write_report
-from experiments.serve_real import PHASES, RequestTiers, serve_phase
+from experiments.serve_real import PHASES, serve_phases
 from openinfer.errors import ConfigError, require
 from sim.hardware import GiB
 from sim.model_geometry import ModelGeometry, preset as model_preset
 from sim.profile import FittedProfile
 from sim.workload_spec import workload_from_dict
-from sim.world import World, WorldConfig, build_world
+from sim.world import World, WorldConfig
 
 LATENCIES = ("ttft", "tpot", "e2el")
 TARGETS = {"tpot_mean": 0.03, "throughput": 0.03, "ttft_mean": 0.10, "ttft_p99": 0.15, "hit_points": 2.0}
@@ -93,24 +96,18 @@ def sim_twin(served: dict[str, Any], profile: FittedProfile, max_sim_s: float,
         num_blocks=int(sizing["num_blocks"]), host_tier_gib=(host_slots + 0.5) * page / GiB if host_slots else 0.0,
         prefix_cache=cfg["prefix_cache"], max_prefill_tokens=cfg["max_prefill_tokens"],
         max_decode_batch=cfg["max_decode_batch"], max_context_tokens=cfg["max_context_tokens"],
-        seed=cfg["seed"], transfer="modeled", monitors=False, max_sim_s=max_sim_s)
-    return build_world(world_cfg, hardware=profile.hardware(), model=geo, step_model=profile.step_time_model())
+        seed=cfg["seed"], transfer="queued", monitors=False, max_sim_s=max_sim_s)
+    return profile.world(world_cfg, model=geo)
 
 
 def simulate_served(served: dict[str, Any], profile: FittedProfile, max_sim_s: float = 3600.0,
                     model_config: str | None = None) -> tuple[dict[str, Any], float]:
-    """The served phases replayed in the simulator; (phases, wall seconds it took)."""
+    """The served phases replayed in the simulator, through the same ``serve_phases`` the
+    real run went through (so in the same order: cold, gpu, cpu); (phases, wall seconds)."""
     world = sim_twin(served, profile, max_sim_s, model_config)
     workload = workload_from_dict(served["workload"])
-    tiers = RequestTiers(world)
-    phases: dict[str, Any] = {}
     t0 = time.perf_counter()
-    for ph in served["phases"]:
-        require(ph in PHASES, "served.phases", ph, f"each one of {PHASES}")
-        if ph == "cpu":
-            world.rt.run(until=world.store.settle(0))
-            world.pool.evict_inactive()
-        phases[ph] = serve_phase(world, workload, tiers, max_sim_s)
+    phases, _ = serve_phases(world, workload, list(served["phases"]), max_sim_s)
     return phases, time.perf_counter() - t0
 
 
@@ -153,6 +150,30 @@ def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
     return err
 
 
+def request_pairs(real: list[dict[str, Any]], sim: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each request of the phase next to its simulated twin (the same session and turn:
+    the same prompt): arrival within the phase, TTFT and E2E (ms), cached tokens and blocks
+    restored from the CPU tier. A twin's arrival can differ: a turn is sent a think time
+    after the previous turn of its session ended."""
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("session"), r.get("turn"), r["prompt_len"]) if r.get("session") is not None else (r["req_id"],)
+    t0r = min((r["submitted_at"] for r in real), default=0.0)
+    t0s = min((r["submitted_at"] for r in sim), default=0.0)
+    twins = {key(r): r for r in sim}
+    out = []
+    for r in sorted(real, key=lambda r: r["submitted_at"]):
+        s = twins.get(key(r))
+        if s is None or r.get("ttft") is None or s.get("ttft") is None:
+            continue
+        out.append(dict(session=r.get("session"), turn=r.get("turn"),
+                        arrival_ms=[round((r["submitted_at"] - t0r) * 1e3, 3), round((s["submitted_at"] - t0s) * 1e3, 3)],
+                        ttft_ms=[round(r["ttft"] * 1e3, 3), round(s["ttft"] * 1e3, 3)],
+                        e2el_ms=[round(r["e2el"] * 1e3, 3), round(s["e2el"] * 1e3, 3)],
+                        cached_tokens=[r["cached_tokens"], s["cached_tokens"]],
+                        cpu_blocks=[r.get("cpu_blocks", 0), s.get("cpu_blocks", 0)]))
+    return out
+
+
 def verdict(err: dict[str, Any]) -> dict[str, bool]:
     def within(x: float | None, bound: float) -> bool:
         return x is not None and abs(x) <= bound
@@ -171,12 +192,15 @@ def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
     sim_phases, sim_wall = simulate_served(served, profile, cfg.max_sim_s, cfg.model_config)
     bs = served["instance"]["config"]["block_size"]
     phases = {}
-    for ph, real_phase in served["phases"].items():
+    for ph in (p for p in PHASES if p in served["phases"]):
+        real_phase = served["phases"][ph]
         real, sim = phase_numbers(real_phase, bs), phase_numbers(sim_phases[ph], bs)
         err = compare(real, sim)
-        phases[ph] = dict(real=real, sim=sim, error=err, met=verdict(err))
+        phases[ph] = dict(real=real, sim=sim, error=err, met=verdict(err),
+                          requests=request_pairs(real_phase["requests"], sim_phases[ph]["requests"]))
     return dict(served=cfg.served, profile=cfg.profile, gpu=profile.gpu, profile_date=profile.date,
-                model=profile.model, workload=served["workload"], targets=TARGETS, phases=phases,
+                model=profile.model, workload=served["workload"], targets=TARGETS,
+                host_holds_steps=profile.host_holds_steps, phases=phases,
                 sim_wall_s=round(sim_wall, 3), real_wall_s=sum(p["duration_s"] for p in served["phases"].values()))
 
 

@@ -16,7 +16,9 @@ API (for ``experiments/validate.py``; no hydra/omegaconf, importable on the devi
   Prompt ids are reduced modulo the model's vocabulary (the tiny model has 256).
 * ``instance_cfg``: a ``RealConfig`` or a dict of its fields (``device`` is set from the
   argument).
-* ``phases``: the same workload is served once per phase, in order, on one instance:
+* ``phases``: the same workload is served once per phase, in the order below whatever
+  order they are listed in, on one instance (``serve_phases``, which the simulator's
+  fidelity replay runs too):
   "cold" (first contact; GPU hits only within the phase), "gpu" (again: prefixes hit the
   GPU radix), "cpu" (first the GPU copy is evicted — ``pool.evict_inactive()`` after a
   flush barrier — so every hit is restored from the CPU tier through CudaTransfer).
@@ -111,7 +113,7 @@ def _instance_config(device: str, instance_cfg: RealConfig | dict[str, Any] | No
 class RequestTiers:
     """Per request: blocks its resolve found in the GPU radix and restored from the CPU."""
 
-    def __init__(self, inst: RealInstance) -> None:
+    def __init__(self, inst: Any) -> None:
         self.by_req: dict[int, tuple[int, int]] = {}
         inst.engine.observers.append(self._on)
 
@@ -132,7 +134,7 @@ def _submitter(inst: RealInstance):  # type: ignore[no-untyped-def]
     return submit
 
 
-def serve_phase(inst: RealInstance, workload: Workload, tiers: RequestTiers, max_wall_s: float) -> dict[str, Any]:
+def serve_phase(inst: Any, workload: Workload, tiers: RequestTiers, max_wall_s: float) -> dict[str, Any]:
     """Serve ``workload`` once through a fresh Client until every request ended."""
     rt = inst.rt
     start = rt.now()
@@ -155,18 +157,34 @@ def serve_phase(inst: RealInstance, workload: Workload, tiers: RequestTiers, max
                 requests=reqs, duration_s=round(duration, 6), timed_out=timed_out)
 
 
-def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[str] = PHASES,
-                   max_wall_s: float = 300.0) -> dict[str, Any]:
-    """Serve ``workload`` once per phase on ``inst`` (see the module docstring)."""
+def serve_phases(inst: Any, workload: Workload, phases: Sequence[str] = PHASES, max_wall_s: float = 300.0
+                 ) -> tuple[dict[str, Any], dict[str, int]]:
+    """Serve ``workload`` once per phase on one instance, in the order cold → gpu → cpu
+    whatever order ``phases`` lists them in (each phase's caches are what the earlier ones
+    left). Before "cpu" the saves are let land and the inactive GPU copies evicted, so its
+    hits come from the CPU tier. ``inst`` is a RealInstance or a simulated ``World``
+    (anything with ``rt``, ``engine``, ``store`` and ``pool``): the fidelity replay runs
+    exactly this. Returns (per-phase results, GPU blocks evicted before each phase)."""
     for ph in phases:
         require(ph in PHASES, "phases", ph, f"each one of {PHASES}")
     tiers = RequestTiers(inst)
-    out: dict[str, Any] = {"phases": {}}
-    for ph in phases:
+    served: dict[str, Any] = {}
+    evicted: dict[str, int] = {}
+    for ph in (p for p in PHASES if p in phases):
         if ph == "cpu":
             inst.rt.run(until=inst.store.settle(0))
-            out.setdefault("evicted_gpu_blocks", {})[ph] = inst.pool.evict_inactive()
-        out["phases"][ph] = serve_phase(inst, workload, tiers, max_wall_s)
+            evicted[ph] = inst.pool.evict_inactive()
+        served[ph] = serve_phase(inst, workload, tiers, max_wall_s)
+    return served, evicted
+
+
+def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[str] = PHASES,
+                   max_wall_s: float = 300.0) -> dict[str, Any]:
+    """Serve ``workload`` once per phase on ``inst`` (see the module docstring)."""
+    served, evicted = serve_phases(inst, workload, phases, max_wall_s)
+    out: dict[str, Any] = {"phases": served}
+    if evicted:
+        out["evicted_gpu_blocks"] = evicted
     inst.rt.run(until=inst.store.settle(0))
     out["quiescent"] = inst.store.quiescent(0)
     out["all_finished"] = all(p["outcomes"]["finished"] == p["sent"] and not p["timed_out"]

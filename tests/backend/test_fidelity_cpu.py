@@ -50,3 +50,18 @@ def test_a_validate_report_yields_the_same_served_run(tiny_ckpt, tiny_model, tmp
     path = tmp_path / "validate.json"
     path.write_text(json.dumps(wrapped))
     assert load_served(str(path))["phases"] == json.loads(json.dumps(held))["phases"]
+
+
+def test_the_replay_serves_the_phases_in_the_real_order_whatever_order_a_report_lists() -> None:
+    """A JSON report sorts its phases (cold, cpu, gpu); served that way the "gpu" phase would
+    follow the eviction and the "cpu" phase would restore what "gpu" never put in the radix.
+    serve_phases (the real run's and the replay's) always runs cold, gpu, then cpu."""
+    from experiments.serve_real import make_workload, serve_phases
+    from sim.world import WorldConfig, build_world
+    world = build_world(WorldConfig(model="qwen3-0.6b", num_blocks=512, host_tier_gib=1.0, monitors=False))
+    wl = make_workload(dict(kind="chat", num_sessions=2, turns=2, system_prompt_len=64, user_len=32, output_len=4,
+                            rate=50))
+    phases, evicted = serve_phases(world, wl, ["cold", "cpu", "gpu"], max_wall_s=60.0)
+    assert list(phases) == ["cold", "gpu", "cpu"] and set(evicted) == {"cpu"}
+    assert phases["gpu"]["cache"]["gpu_blocks"] > 0 and phases["gpu"]["cache"]["cpu_blocks"] == 0
+    assert phases["cpu"]["cache"]["cpu_blocks"] > 0
