@@ -16,13 +16,13 @@ cpu_blocks, ...) are in the report under ``requests_detail`` for per-request com
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from experiments.validate.common import free_cuda, is_cuda, log
 from experiments.validate.records import copy_record, step_record, write_jsonl
+from sim.calibration import read_jsonl
 
 
 def workloads(quick: bool, cpu: bool) -> dict[str, dict[str, Any]]:
@@ -67,10 +67,9 @@ def served_section(cfg: Any, packs: Any, out_dir: Path) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix=f"served-{name}-") as tmp:
             rep = run_served(pack.ckpt, cfg.device, dict(wl), out_dir=tmp, instance_cfg=dict(inst_cfg),
                              max_wall_s=cfg.served_timeout_s, model=model)
-            steps = [json.loads(line) for line in Path(tmp, "steps.jsonl").read_text().splitlines() if line]
+            steps = read_jsonl([Path(tmp, "steps.jsonl")])
             copies_p = Path(tmp, "copies.jsonl")
-            copies = [json.loads(line) for line in copies_p.read_text().splitlines() if line] \
-                if copies_p.exists() else []
+            copies = read_jsonl([copies_p]) if copies_p.exists() else []
         records = [step_record(s, f"served:{name}", f"served:{name}") for s in steps]
         records += [copy_record(c, f"served:{name}", f"served:{name}") for c in copies]
         phase_summary = {}
