@@ -110,7 +110,10 @@ def run_cluster(cluster: Cluster, workload: Workload, faults: Sequence[PlacedFau
             if on_progress is not None:
                 on_progress(rt.now(), len(client.records), client.sent)
         if client.all_done.triggered:
-            rt.run(until=rt.now() + settle_s)  # saves, registrations and barriers still in flight
+            # A Finished can precede its last save's D2H and registration: let every store
+            # settle (as run_world does), for at most settle_s, before quiescence is judged.
+            settled = rt.all_of([w.store.settle(0) for w in cluster.instances])
+            rt.run(until=rt.any_of([settled, rt.sleep(settle_s)]))
             for m in mons:
                 m.check_end(rt.now())
     except InvariantViolation as err:

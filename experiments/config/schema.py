@@ -124,7 +124,8 @@ class ExperimentConf:
     metaserver_rpc_s: float = default(ClusterConfig, "metaserver_rpc_s")
     seed: int = default(WorldConfig, "seed")
     max_sim_s: float = 600.0          # hang guard (simulated s): a run still waiting then is a finding
-    settle_s: float = 10.0            # after the last answer: saves and barriers finish, then end checks
+    settle_s: float = 10.0            # after the last answer: at most this long for the stores to settle
+                                      # (saves visible and registered, restores landed), then end checks
     monitors: bool = True
     monitor_pool_every: int = default(WorldConfig, "monitor_pool_every")
     timeline_every: int = 4

@@ -63,3 +63,16 @@ def test_perfetto_trace_has_every_step_and_request(tmp_path) -> None:
     assert len(steps) == report["engine"]["steps"]
     assert abs(sum(e["dur"] for e in steps) / 1e6 - report["engine"]["busy_s"]) < 1e-3
     assert sum(e["ph"] == "b" for e in events) == sum(e["ph"] == "e" for e in events) == 12
+
+
+def test_run_cluster_ends_once_the_stores_settle_not_after_a_fixed_wait() -> None:
+    """run_cluster waits for KvStore.settle on every instance (settle_s only caps it): the
+    end checks pass and the run ends long before last answer + settle_s."""
+    from sim.arrivals import ArrivalSpec
+    from sim.cluster_run import run_cluster
+    from sim.workloads import RandomWorkload
+    c = build_cluster(ClusterConfig(world=WorldConfig(num_blocks=2000, block_size=BS), mixed=0, prefill=1, decode=1))
+    rep = run_cluster(c, RandomWorkload(8, 300, 8, prefix_len=64, arrival=ArrivalSpec(20.0)), settle_s=1000.0)
+    assert rep["violation"] is None and rep["outcomes"]["finished"] == 8
+    assert all(w.store.quiescent(0) == [] for w in c.instances)
+    assert rep["sim"]["end_s"] < 100.0
