@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
@@ -157,14 +157,15 @@ def serve_phase(inst: Any, workload: Workload, tiers: RequestTiers, max_wall_s: 
                 requests=reqs, duration_s=round(duration, 6), timed_out=timed_out)
 
 
-def serve_phases(inst: Any, workload: Workload, phases: Sequence[str] = PHASES, max_wall_s: float = 300.0
-                 ) -> tuple[dict[str, Any], dict[str, int]]:
+def serve_phases(inst: Any, workload: Workload, phases: Sequence[str] = PHASES, max_wall_s: float = 300.0,
+                 on_phase: Callable[[str, str], None] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """Serve ``workload`` once per phase on one instance, in the order cold → gpu → cpu
     whatever order ``phases`` lists them in (each phase's caches are what the earlier ones
     left). Before "cpu" the saves are let land and the inactive GPU copies evicted, so its
     hits come from the CPU tier. ``inst`` is a RealInstance or a simulated ``World``
     (anything with ``rt``, ``engine``, ``store`` and ``pool``): the fidelity replay runs
-    exactly this. Returns (per-phase results, GPU blocks evicted before each phase)."""
+    exactly this. ``on_phase(phase, "start" | "end")`` is called around each phase's serving.
+    Returns (per-phase results, GPU blocks evicted before each phase)."""
     for ph in phases:
         require(ph in PHASES, "phases", ph, f"each one of {PHASES}")
     tiers = RequestTiers(inst)
@@ -174,14 +175,19 @@ def serve_phases(inst: Any, workload: Workload, phases: Sequence[str] = PHASES, 
         if ph == "cpu":
             inst.rt.run(until=inst.store.settle(0))
             evicted[ph] = inst.pool.evict_inactive()
+        if on_phase is not None:
+            on_phase(ph, "start")
         served[ph] = serve_phase(inst, workload, tiers, max_wall_s)
+        if on_phase is not None:
+            on_phase(ph, "end")
     return served, evicted
 
 
 def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[str] = PHASES,
-                   max_wall_s: float = 300.0) -> dict[str, Any]:
+                   max_wall_s: float = 300.0, on_phase: Callable[[str, str], None] | None = None
+                   ) -> dict[str, Any]:
     """Serve ``workload`` once per phase on ``inst`` (see the module docstring)."""
-    served, evicted = serve_phases(inst, workload, phases, max_wall_s)
+    served, evicted = serve_phases(inst, workload, phases, max_wall_s, on_phase)
     out: dict[str, Any] = {"phases": served}
     if evicted:
         out["evicted_gpu_blocks"] = evicted
@@ -198,6 +204,57 @@ def serve_workload(inst: RealInstance, workload: Workload, *, phases: Sequence[s
     return out
 
 
+class HostTiming:
+    """What the host thread did during a served run, for telling a slow host from a slow GPU:
+    per step, the seconds ``CudaExecutor._launch`` kept the thread (building the batch,
+    enqueueing forward and sampling; the rest of ``wall_s`` is the thread polling, free for
+    other work), and per phase the process CPU time, the load average and the mean CPU
+    clock at its start and end. Instrumentation of the harness: it reads the clock, the
+    engine does not."""
+
+    def __init__(self, inst: RealInstance) -> None:
+        import time
+        self.launch_s: list[float] = []
+        self.phases: dict[str, dict[str, Any]] = {}
+        ex = inst.executor
+        launch = ex._launch
+        clock = time.perf_counter
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                self.launch_s.append(clock() - t0)
+        ex._launch = timed  # type: ignore[method-assign]
+        self._rt = inst.rt
+
+    @staticmethod
+    def snapshot() -> dict[str, Any]:
+        import os
+        t = os.times()
+        out: dict[str, Any] = dict(cpu_user_s=t.user, cpu_sys_s=t.system)
+        try:
+            out["loadavg_1m"] = os.getloadavg()[0]
+        except OSError:
+            pass
+        try:
+            mhz = [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("cpu MHz")]
+            if mhz:
+                out["cpu_mhz_mean"] = round(sum(mhz) / len(mhz), 1)
+                out["cpu_mhz_min"] = min(mhz)
+        except (OSError, ValueError, IndexError):
+            pass
+        return out
+
+    def on_phase(self, phase: str, when: str) -> None:
+        self.phases.setdefault(phase, {})[when] = dict(self.snapshot(), t=self._rt.now(), steps=len(self.launch_s))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(launch_s=[round(x, 7) for x in self.launch_s], phases=self.phases)
+
+
 def json_safe(x: Any) -> Any:
     """Non-finite floats as strings ("inf"), so the report is strict JSON."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -211,16 +268,23 @@ def json_safe(x: Any) -> Any:
 
 def run_served(ckpt_dir: str | Path, device: str = "cuda", workload_cfg: dict[str, Any] | None = None, *,
                out_dir: str | Path | None = None, instance_cfg: RealConfig | dict[str, Any] | None = None,
-               phases: Sequence[str] = PHASES, max_wall_s: float = 300.0, model: Any = None) -> dict[str, Any]:
+               phases: Sequence[str] = PHASES, max_wall_s: float = 300.0, model: Any = None,
+               host_timing: bool = False) -> dict[str, Any]:
     """Build a real instance, serve the workload per phase, write the records; the report.
 
-    ``model``: an already loaded Qwen3Model to reuse (skips loading ``ckpt_dir``)."""
+    ``model``: an already loaded Qwen3Model to reuse (skips loading ``ckpt_dir``).
+    ``host_timing``: add ``HostTiming`` (per-step launch seconds, per-phase host load) to the
+    report under ``host_timing``."""
     cfg = _instance_config(device, instance_cfg)
     if workload_cfg and "seed" in workload_cfg:
         cfg = replace(cfg, seed=int(workload_cfg["seed"]))
     inst = build_real_instance(model if model is not None else ckpt_dir, cfg)
     workload = make_workload(workload_cfg)
-    report = serve_workload(inst, workload, phases=phases, max_wall_s=max_wall_s)
+    timing = HostTiming(inst) if host_timing else None
+    report = serve_workload(inst, workload, phases=phases, max_wall_s=max_wall_s,
+                            on_phase=timing.on_phase if timing is not None else None)
+    if timing is not None:
+        report["host_timing"] = timing.as_dict()
     report["workload"] = workload.describe()
     report["instance"] = inst.describe()
     report = json_safe(report)

@@ -10,7 +10,9 @@ rebuilds, the run_served ``workload_cfg``, the runtime seed, the instance config
 sizing, the phases) is in the report, so the simulator can replay it exactly.
 
 Records go to ``served_<name>.jsonl`` in ``experiments.validate.records``' format (the
-step and copy lines); the per-request records (phase, ttft, tpot, e2el, gpu_blocks,
+step and copy lines; a step line also carries ``launch_s``, the seconds the executor's
+launch kept the host thread: ``serve_real.HostTiming``, whose per-phase host load and CPU
+clock are under ``host_phases``); the per-request records (phase, ttft, tpot, e2el, gpu_blocks,
 cpu_blocks, ...) are in the report under ``requests_detail`` for per-request comparison.
 """
 
@@ -66,11 +68,15 @@ def served_section(cfg: Any, packs: Any, out_dir: Path) -> dict[str, Any]:
         model = Qwen3Model(pack.cfg, pack.weights, "reference" if cpu else "triton")
         with tempfile.TemporaryDirectory(prefix=f"served-{name}-") as tmp:
             rep = run_served(pack.ckpt, cfg.device, dict(wl), out_dir=tmp, instance_cfg=dict(inst_cfg),
-                             max_wall_s=cfg.served_timeout_s, model=model)
+                             max_wall_s=cfg.served_timeout_s, model=model, host_timing=True)
             steps = read_jsonl([Path(tmp, "steps.jsonl")])
             copies_p = Path(tmp, "copies.jsonl")
             copies = read_jsonl([copies_p]) if copies_p.exists() else []
-        records = [step_record(s, f"served:{name}", f"served:{name}") for s in steps]
+        host = rep.get("host_timing") or {}
+        launch = host.get("launch_s") or []
+        records = [step_record(s, f"served:{name}", f"served:{name}",
+                               **({"launch_s": launch[i]} if i < len(launch) and len(launch) == len(steps) else {}))
+                   for i, s in enumerate(steps)]
         records += [copy_record(c, f"served:{name}", f"served:{name}") for c in copies]
         phase_summary = {}
         requests = []
@@ -91,7 +97,7 @@ def served_section(cfg: Any, packs: Any, out_dir: Path) -> dict[str, Any]:
             phases=phase_summary, evicted_gpu_blocks=rep.get("evicted_gpu_blocks"),
             steps=rep.get("steps"), copies=rep.get("copies"), store=rep.get("store"),
             host_tier=rep.get("host_tier"), quiescent=rep.get("quiescent"), instance=rep.get("instance"),
-            file=f, requests_detail=requests)
+            host_phases=host.get("phases"), file=f, requests_detail=requests)
         log(f"served {name}: ok={rep.get('ok')} finished={finished} gpu_hits={gpu_hits} cpu_hits={cpu_hits} "
             f"steps={len(steps)} copies={len(copies)}")
         del model, rep

@@ -34,3 +34,22 @@ def test_make_workload_chat_and_errors():
     assert w.describe()["kind"] == "chat"
     with pytest.raises(ConfigError, match="workload.kind"):
         make_workload(dict(kind="nope"))
+
+
+def test_host_timing_says_how_long_each_step_kept_the_host_thread(tiny_ckpt, tiny_model, tmp_path):
+    """host_timing=True: one launch time per executed step, never more than the step's own
+    wall time (the rest is polling, when the host is free), and host snapshots around each
+    phase, for telling a slow host from a slow GPU in a served run."""
+    wl = dict(kind="random", num_requests=3, input_len=24, output_len=3, prefix_len=8)
+    rep = run_served(tiny_ckpt, "cpu", wl, out_dir=tmp_path, model=tiny_model, host_timing=True,
+                     instance_cfg=dict(block_size=8, num_blocks=128, host_slots=128))
+    steps = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    launch = rep["host_timing"]["launch_s"]
+    assert len(launch) == len(steps) > 0
+    assert all(0 < t <= s["wall_s"] + 1e-6 for t, s in zip(launch, steps))
+    phases = rep["host_timing"]["phases"]
+    assert list(phases) == ["cold", "gpu", "cpu"]
+    for p in phases.values():
+        assert p["end"]["t"] >= p["start"]["t"] and p["end"]["cpu_user_s"] >= p["start"]["cpu_user_s"]
+    assert "host_timing" not in run_served(tiny_ckpt, "cpu", wl, model=tiny_model,
+                                           instance_cfg=dict(block_size=8, num_blocks=128, host_slots=128))
