@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from openinfer.models.qwen3 import kernels as K
 from openinfer.models.qwen3.kernels import reference as R
@@ -105,20 +106,6 @@ def test_default_num_splits_static():
     assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_write_kv_slot_mapping(device, dtype):
-    arena = _arena(device, 4, dtype=dtype)
-    qkv = torch.randn(7, (HQ + 2 * HK) * D, device=device).to(dtype)
-    k = qkv[:, HQ * D:(HQ + HK) * D].view(7, HK, D)     # strided, as the model passes them
-    v = qkv[:, (HQ + HK) * D:].view(7, HK, D)
-    slots = torch.tensor([5, 6, -1, 7, 8, 41, -1], device=device)  # crosses a page edge
-    got, want = arena.data.clone(), arena.data.clone()
-    for cache, fn in ((got, K.write_kv), (want, R.write_kv)):
-        fn(cache[:, 1, 0], cache[:, 1, 1], k, v, slots)
-    assert torch.equal(got, want)
-    assert not torch.equal(got, arena.data)
-
-
 @pytest.mark.parametrize("n", [64, 48])
 def test_rms_norm_and_fused_residual(device, n):
     x, res = torch.randn(5, n, device=device), torch.randn(5, n, device=device)
@@ -140,20 +127,82 @@ def test_rms_norm_bf16(device):
     torch.testing.assert_close(out, ref, **BF16_TOL)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qk_norm_rope(device, dtype):
+def _tol(dtype):
+    return dict(atol=FP32_ATOL, rtol=1e-5) if dtype == torch.float32 else BF16_TOL
+
+
+def _split_parts(full, splits, seed=0):
+    """``full [T, N]`` as ``splits`` fp32 partial sums (random split, exact total in fp32
+    up to rounding), the layout the skinny GEMM leaves for its consumers."""
+    if splits == 1:
+        return full[None]
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn((splits - 1,) + tuple(full.shape), generator=g).to(full.device)
+    return torch.cat([noise, (full.float() - noise.sum(0))[None]])
+
+
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 1),
+                                          (torch.float32, 3)])
+def test_qkv_norm_rope_write(device, dtype, splits):
+    """Fused head norm + RoPE + KV write vs the reference composition: odd token count,
+    slots crossing a page edge, and padding rows (slot -1) that must write nothing."""
     T = 9
-    qkv = torch.randn(T, (HQ + 2 * HK) * D, device=device).to(dtype)
-    q = qkv[:, :HQ * D].view(T, HQ, D)
-    k = qkv[:, HQ * D:(HQ + HK) * D].view(T, HK, D)
+    qkv = _split_parts(torch.randn(T, (HQ + 2 * HK) * D, device=device).to(dtype), splits)
     wq = (1 + 0.1 * torch.randn(D, device=device)).to(dtype)
     wk = (1 + 0.1 * torch.randn(D, device=device)).to(dtype)
     cos, sin = rope_tables(D, 1e6, 512, dtype, device)
     pos = torch.tensor([0, 1, 2, 3, 77, 78, 300, 301, 511], device=device)
-    got = K.qk_norm_rope(q, k, wq, wk, cos, sin, pos, 1e-6)
-    want = R.qk_norm_rope(q, k, wq, wk, cos, sin, pos, 1e-6)
-    for a, b in zip(got, want):
-        if dtype == torch.float32:
-            assert (a - b).abs().max().item() <= FP32_ATOL
-        else:
-            torch.testing.assert_close(a, b, **BF16_TOL)
+    slots = torch.tensor([5, 6, -1, 7, 8, 41, -1, 42, 13], device=device)
+    arena = _arena(device, 4, dtype=dtype)
+    got, want = arena.data.clone(), arena.data.clone()
+    q_got = K.qkv_norm_rope_write(qkv, wq, wk, cos, sin, pos, 1e-6, got[:, 1, 0], got[:, 1, 1],
+                                  slots, HQ)
+    q_want = R.qkv_norm_rope_write(qkv, wq, wk, cos, sin, pos, 1e-6, want[:, 1, 0],
+                                   want[:, 1, 1], slots, HQ)
+    torch.testing.assert_close(q_got, q_want, **_tol(dtype))
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    written = (got != arena.data).flatten(2).any(-1)          # [pages, layers] touched
+    assert written[:, 1].sum() > 0 and not written[:, 0].any() and not written[0].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,split", [(1, 50, 70, 1), (5, 64, 96, 3), (16, 33, 40, 2)])
+def test_skinny_linear(device, dtype, m, n, k, split):
+    """Odd N and K (masked tiles), K ranges that do not divide evenly, 1..16 rows."""
+    x = torch.randn(m, k, device=device).to(dtype)
+    w = torch.randn(n, k, device=device).to(dtype)
+    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split)
+    parts = K.skinny_linear(x, w, cfg=cfg)
+    assert parts.shape == (split, m, n)
+    assert parts.dtype == (torch.float32 if split > 1 else dtype)
+    torch.testing.assert_close(R.merge_parts(parts, dtype), F.linear(x, w), **_tol(dtype))
+
+
+def test_skinny_logits_fp32(device):
+    """The fp32 logits equal the bf16 product cast up (rounded through bf16)."""
+    x = torch.randn(3, 48, device=device).to(torch.bfloat16)
+    w = torch.randn(40, 48, device=device).to(torch.bfloat16)
+    got = K.skinny_linear(x, w, out_dtype=torch.float32, cfg=K.SkinnyConfig(16, 16))[0]
+    assert got.dtype == torch.float32
+    assert torch.equal(got, got.to(torch.bfloat16).float())
+    torch.testing.assert_close(got, F.linear(x, w).float(), **BF16_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 7])
+def test_skinny_gated(device, dtype, m):
+    x = torch.randn(m, 40, device=device).to(dtype)
+    w = torch.randn(2 * 24, 40, device=device).to(dtype)        # I = 24: a partial tile
+    got = K.skinny_gated(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16))
+    torch.testing.assert_close(got, R.silu_mul(F.linear(x, w)), **_tol(dtype))
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_add_rms_norm_takes_parts(device, splits):
+    h, res = torch.randn(5, 48, device=device), torch.randn(5, 48, device=device)
+    w = 1 + 0.1 * torch.randn(48, device=device)
+    parts = _split_parts(h, splits)
+    out, new_res = K.rms_norm(parts, w, 1e-6, residual=res)
+    ref, ref_res = R.add_rms_norm(R.merge_parts(parts, res.dtype), res, w, 1e-6)
+    assert (new_res - ref_res).abs().max() <= FP32_ATOL
+    assert (out - ref).abs().max() <= FP32_ATOL

@@ -56,23 +56,24 @@ class Qwen3Model:
     def forward(self, batch: ForwardBatch, arena: KVArena,
                 all_logits: bool = False) -> torch.Tensor:
         """Logits ``[B, vocab]`` of each sequence's last new token (``[T, vocab]`` over all
-        new tokens with ``all_logits``), in fp32. Writes the new K/V into ``arena``."""
+        new tokens with ``all_logits``), in fp32. Writes the new K/V into ``arena``.
+
+        Each projection's residual add is fused with the RMSNorm that follows it (the
+        next layer's input norm, or the final norm after the last layer)."""
         self._check_arena(arena)
-        h = F.embedding(batch.input_ids, self.w.embed_tokens)
-        residual = None
-        for i, lw in enumerate(self.w.layers):
-            if residual is None:
-                residual, x = h, self.ops.rms_norm(h, lw.input_norm, self.cfg.rms_norm_eps)
-            else:
-                x, residual = self.ops.add_rms_norm(h, residual, lw.input_norm,
-                                                    self.cfg.rms_norm_eps)
-            h = self._attention(i, lw, x, batch, arena)
-            x, residual = self.ops.add_rms_norm(h, residual, lw.post_norm, self.cfg.rms_norm_eps)
-            h = self._mlp(lw, x)
-        x, _ = self.ops.add_rms_norm(h, residual, self.w.norm, self.cfg.rms_norm_eps)
-        if not all_logits:
+        eps, layers = self.cfg.rms_norm_eps, self.w.layers
+        residual = F.embedding(batch.input_ids, self.w.embed_tokens)
+        x = self.ops.rms_norm(residual, layers[0].input_norm, eps)
+        for i, lw in enumerate(layers):
+            attn = self._attention(i, lw, x, batch, arena)
+            x, residual = self.ops.add_rms_norm(self.ops.linear(attn, lw.o_proj), residual,
+                                                lw.post_norm, eps)
+            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.norm
+            down = self.ops.linear(self.ops.gate_up_silu(x, lw.gate_up_proj), lw.down_proj)
+            x, residual = self.ops.add_rms_norm(down, residual, next_norm, eps)
+        if not (all_logits or batch.is_decode):   # decode: every row is a last token
             x = x.index_select(0, batch.last_token_index)
-        return F.linear(x, self.w.lm_head).float()
+        return self.ops.lm_head(x, self.w.lm_head)
 
     def __call__(self, seqs: Sequence[SeqInput], arena: KVArena,
                  all_logits: bool = False) -> torch.Tensor:
@@ -80,22 +81,15 @@ class Qwen3Model:
 
     def _attention(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: ForwardBatch,
                    arena: KVArena) -> torch.Tensor:
+        """Attention output ``[T, q_size]``, before ``o_proj``; K/V of the new tokens are
+        written into layer ``i`` of the arena on the way."""
         c = self.cfg
-        T = x.shape[0]
-        qkv = F.linear(x, lw.qkv_proj)
-        q = qkv[:, :c.q_size].view(T, c.num_attention_heads, c.head_dim)
-        k = qkv[:, c.q_size:c.q_size + c.kv_size].view(T, c.num_key_value_heads, c.head_dim)
-        v = qkv[:, c.q_size + c.kv_size:].view(T, c.num_key_value_heads, c.head_dim)
-        q, k = self.ops.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, self.cos, self.sin,
-                                     batch.positions, c.rms_norm_eps)
-        k_cache, v_cache = arena.k(i), arena.v(i)
-        self.ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        o = self.ops.attention(q, k_cache, v_cache, batch, self.scale)
-        return F.linear(o.reshape(T, c.q_size), lw.o_proj)
-
-    def _mlp(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, lw.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, lw.down_proj)
+        q = self.ops.qkv_norm_rope_write(self.ops.linear(x, lw.qkv_proj), lw.q_norm, lw.k_norm,
+                                         self.cos, self.sin, batch.positions, c.rms_norm_eps,
+                                         arena.k(i), arena.v(i), batch.slot_mapping,
+                                         c.num_attention_heads)
+        o = self.ops.attention(q, arena.k(i), arena.v(i), batch, self.scale)
+        return o.view(x.shape[0], c.q_size)
 
     def _check_arena(self, arena: KVArena) -> None:
         c = self.cfg

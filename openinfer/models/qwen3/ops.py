@@ -1,14 +1,19 @@
-"""The backend switch: one object with the five hot operations of a Qwen3 layer.
+"""The backend switch: one object with the hot operations of a Qwen3 layer.
 
 ``reference`` is pure torch (the kernels' oracle, HF rounding, host syncs allowed);
 ``triton`` runs the kernels in ``kernels/`` (CPU under TRITON_INTERPRET=1, or GPU) and is
 the one that is CUDA-graph safe in decode. The model only ever calls these methods, so a
 new backend (FlashInfer, say) is one more class.
+
+Projections return *parts* ``[S, T, N]`` (``kernels/_parts.py``): the Triton backend's
+decode GEMM may leave split-K partial sums for the next fused op to add, so the two
+consumers of a projection (``add_rms_norm``, ``qkv_norm_rope_write``) take parts.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from openinfer.errors import require
 from openinfer.models.qwen3.batch import ForwardBatch
@@ -19,42 +24,79 @@ class ReferenceOps:
 
     def __init__(self) -> None:
         from openinfer.models.qwen3.kernels import reference
-        self.k = reference
+        self.r = reference
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        return self.k.rms_norm(x, w, eps)
+        return self.r.rms_norm(x, w, eps)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` as parts ``[S, T, N]`` (here always ``S == 1``)."""
+        return F.linear(x, w)[None]
+
+    def add_rms_norm(self, parts: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k.add_rms_norm(x, residual, w, eps)
+        """``residual += merged parts``, then RMSNorm: ``(normed, new residual)``."""
+        return self.r.add_rms_norm(self.r.merge_parts(parts, residual.dtype), residual, w, eps)
 
-    def qk_norm_rope(self, q, k, q_w, k_w, cos, sin, positions, eps):
-        return self.k.qk_norm_rope(q, k, q_w, k_w, cos, sin, positions, eps)
+    def qkv_norm_rope_write(self, qkv: torch.Tensor, q_w: torch.Tensor, k_w: torch.Tensor,
+                            cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                            eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+        return self.r.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
+                                          v_cache, slot_mapping, num_q_heads)
 
-    def write_kv(self, k_cache, v_cache, k, v, slot_mapping) -> None:
-        self.k.write_kv(k_cache, v_cache, k, v, slot_mapping)
+    def gate_up_silu(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``silu(x W_gate^T) * (x W_up^T)`` from the fused ``[2I, K]`` weight."""
+        return self.r.silu_mul(F.linear(x, w))
+
+    def lm_head(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Logits in fp32, rounded through the model dtype first (as HF's bf16 head)."""
+        return F.linear(x, w).float()
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   batch: ForwardBatch, scale: float) -> torch.Tensor:
-        return self.k.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+        return self.r.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                       batch.query_start_loc, scale)
 
 
 class TritonOps(ReferenceOps):
+    """Triton kernels; up to ``kernels.MAX_ROWS`` rows (decode) the projections are the
+    skinny GEMM, beyond that cuBLAS (prefill is compute-bound, cuBLAS is right there)."""
+
     name = "triton"
 
     def __init__(self, decode_splits: int | None = None, block_m: int = 64,
                  block_n: int = 64) -> None:
+        super().__init__()
         from openinfer.models.qwen3 import kernels
         self.k = kernels
         self.decode_splits = decode_splits
         self.block_m, self.block_n = block_m, block_n
 
+    def _skinny(self, x: torch.Tensor) -> bool:
+        return x.shape[0] <= self.k.MAX_ROWS
+
     def rms_norm(self, x, w, eps):
         return self.k.rms_norm(x, w, eps)[0]
 
-    def add_rms_norm(self, x, residual, w, eps):
-        return self.k.rms_norm(x, w, eps, residual=residual)
+    def linear(self, x, w):
+        return self.k.skinny_linear(x, w) if self._skinny(x) else super().linear(x, w)
+
+    def add_rms_norm(self, parts, residual, w, eps):
+        return self.k.rms_norm(parts, w, eps, residual=residual)
+
+    def qkv_norm_rope_write(self, qkv, q_w, k_w, cos, sin, positions, eps, k_cache, v_cache,
+                            slot_mapping, num_q_heads):
+        return self.k.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
+                                          v_cache, slot_mapping, num_q_heads)
+
+    def gate_up_silu(self, x, w):
+        return self.k.skinny_gated(x, w) if self._skinny(x) else super().gate_up_silu(x, w)
+
+    def lm_head(self, x, w):
+        if self._skinny(x):
+            return self.k.skinny_linear(x, w, out_dtype=torch.float32)[0]
+        return super().lm_head(x, w)
 
     def attention(self, q, k_cache, v_cache, batch, scale):
         if batch.is_decode:

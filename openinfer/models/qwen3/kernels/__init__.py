@@ -9,9 +9,12 @@ patch_interpreter()
 
 from openinfer.models.qwen3.kernels.decode_attention import (  # noqa: E402
     decode_attention, default_num_splits)
-from openinfer.models.qwen3.kernels.kv_write import write_kv  # noqa: E402
-from openinfer.models.qwen3.kernels.norm import qk_norm_rope, rms_norm  # noqa: E402
+from openinfer.models.qwen3.kernels.norm import rms_norm  # noqa: E402
 from openinfer.models.qwen3.kernels.prefill_attention import prefill_attention  # noqa: E402
+from openinfer.models.qwen3.kernels.qkv_rope import qkv_norm_rope_write  # noqa: E402
+from openinfer.models.qwen3.kernels.skinny_linear import (  # noqa: E402
+    MAX_ROWS, SkinnyConfig, skinny_gated, skinny_linear)
 
-__all__ = ["decode_attention", "default_num_splits", "prefill_attention", "qk_norm_rope",
-           "rms_norm", "write_kv"]
+__all__ = ["MAX_ROWS", "SkinnyConfig", "decode_attention", "default_num_splits",
+           "prefill_attention", "qkv_norm_rope_write", "rms_norm", "skinny_gated",
+           "skinny_linear"]

@@ -105,7 +105,8 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     num_splits: int | None = None, block_n: int = 64) -> torch.Tensor:
+                     num_splits: int | None = None, block_n: int = 64,
+                     num_warps: int = 4) -> torch.Tensor:
     """q ``[B, Hq, D]`` (one token per sequence), caches ``[pages, block, Hk, D]``,
     ``seq_lens[b] >= 1`` -> out ``[B, Hq, D]``. Padding rows: seq_len 1 on a padding page."""
     B, Hq, D = q.shape
@@ -125,7 +126,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         *v_cache.stride()[:3], block_tables.stride(0), *part.stride()[:3], *lse.stride()[:2],
         HEAD_DIM=D, GROUP=group, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PREC=dot_precision(q.dtype), UPCAST=INTERPRET)
+        DOT_PREC=dot_precision(q.dtype), UPCAST=INTERPRET, num_warps=num_warps)
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),

@@ -8,6 +8,24 @@ they are never used under CUDA graphs.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+
+def merge_parts(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A projection's parts ``[S, T, N]`` -> ``[T, N]`` in ``dtype``: split-K partial sums
+    are added in fp32 in order ``0 .. S-1`` and rounded once (as the kernels do)."""
+    if parts.shape[0] == 1:
+        return parts[0].to(dtype)
+    total = parts[0].to(torch.float32)
+    for p in parts[1:]:
+        total = total + p.to(torch.float32)
+    return total.to(dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """HF's ``act_fn(gate_proj(x)) * up_proj(x)`` from the fused ``[T, 2I]`` projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,6 +65,24 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     slots = slot_mapping[keep]
     k_cache[slots // block, slots % block] = k[keep]
     v_cache[slots // block, slots % block] = v[keep]
+
+
+def qkv_norm_rope_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                        eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """From the QKV projection's parts ``[S, T, (Hq + 2 Hk) D]``: per-head RMSNorm + RoPE
+    of q and k, K and V written to their slots; returns q ``[T, Hq, D]``."""
+    x = merge_parts(qkv, k_cache.dtype)
+    T = x.shape[0]
+    Hk, D = k_cache.shape[2], k_cache.shape[3]
+    q_size, kv_size = num_q_heads * D, Hk * D
+    q = x[:, :q_size].view(T, num_q_heads, D)
+    k = x[:, q_size:q_size + kv_size].view(T, Hk, D)
+    v = x[:, q_size + kv_size:].view(T, Hk, D)
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, positions, eps)
+    write_kv(k_cache, v_cache, k, v, slot_mapping)
+    return q
 
 
 def gather_kv(cache: torch.Tensor, pages: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,0 +1,150 @@
+"""Skinny GEMM for decode: ``x @ W^T`` for a few rows of ``x`` (at most ``MAX_ROWS``).
+
+A decode step multiplies one to a few rows by every weight matrix, so its time is the
+time to stream W from memory once. Each program owns ``BLOCK_N`` rows of W (output
+columns) and, with split-K, one range of K; it streams its W tiles through ``tl.dot``
+(``x`` padded to 16 rows, which costs tensor-core time only) so Triton pipelines the
+loads with ``num_stages``, and enough programs are launched to keep every SM reading.
+
+Outputs are *parts* ``[S, M, N]``: with ``S == 1`` the product rounded once to the weight
+dtype (or an ``out_dtype`` such as fp32 for the logits, rounded through the weight dtype
+first so the values equal ``F.linear(x, W).float()`` up to summation order); with split-K
+``S > 1`` fp32 partial sums that the consumer kernel (the fused residual-add + RMSNorm,
+or the fused q/k norm + RoPE + KV write) adds up in a fixed order before rounding: no
+extra launch and no atomics, so a step stays bitwise reproducible.
+
+``gated``: W is ``[gate; up]`` ``[2I, K]`` and the result is ``silu(x W_g^T) * (x W_u^T)``
+``[M, I]``, each intermediate rounded where HF's ``act(gate(x)) * up(x)`` rounds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer.models.qwen3.kernels._dot import mma
+from openinfer.models.qwen3.kernels._interpret import INTERPRET
+from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
+
+MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
+                   GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_rows = x_ptr + offs_m[:, None] * s_xm
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0)
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
+        acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
+        if GATED:
+            w_up = tl.load(w_rows + N * s_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
+    dt = w_ptr.dtype.element_ty
+    if GATED:
+        gate = acc.to(dt).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        out = (act * acc_up.to(dt).to(tl.float32)).to(dt)
+    elif ROUND:
+        out = acc.to(dt)
+    else:
+        out = acc
+    tl.store(y_ptr + split * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
+             out.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Tile sizes and launch shape; all static, so a captured graph keeps one choice."""
+
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of ``device``; 132 (an H100/H200) where there is no GPU (interpreter runs)."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> SkinnyConfig:
+    """Split K only where the N-blocks alone would leave SMs without ~4 programs each
+    (o_proj and down_proj of a 4B: N = 2560) and the consumer takes parts; a gated product
+    cannot split (its epilogue is nonlinear)."""
+    block_n, block_k = (32 if gated else 64), 128
+    blocks = triton.cdiv(n, block_n)
+    split = 1
+    if may_split and not gated:
+        while blocks * split < 4 * sms and split < 8 and k // (2 * split) >= 4 * block_k:
+            split *= 2
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
+            cfg: SkinnyConfig) -> None:
+    M, K = x.shape
+    assert M <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
+    per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _skinny_kernel[grid](x, w, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
+                         y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
+                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                         DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
+                  cfg: SkinnyConfig | None = None) -> torch.Tensor:
+    """``x [M, K]`` (M <= 16), ``w [N, K]`` -> parts ``[S, M, N]`` (module docstring).
+    An ``out_dtype`` (the logits' fp32) asks for the finished product: no split-K."""
+    N, K = w.shape
+    cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(x.device))
+    assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
+    dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
+    y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
+    _launch(x, w, y, N, False, cfg)
+    return y
+
+
+def skinny_gated(x: torch.Tensor, w: torch.Tensor,
+                 cfg: SkinnyConfig | None = None) -> torch.Tensor:
+    """``x [M, K]`` (M <= 16), ``w = [gate; up] [2I, K]`` -> ``silu(x g^T) * (x u^T)``
+    ``[M, I]`` in the weight dtype."""
+    two_i, K = w.shape
+    assert two_i % 2 == 0
+    n = two_i // 2
+    cfg = cfg or default_config(n, K, True, False, sm_count(x.device))
+    assert cfg.split_k == 1, "a gated product cannot split K"
+    y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=x.device)
+    _launch(x, w, y, n, True, cfg)
+    return y[0]
