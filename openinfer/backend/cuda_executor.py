@@ -32,9 +32,10 @@ from typing import Any
 import torch
 from simpy.events import Event
 
-from openinfer.backend.jsonl import write_jsonl
 from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
+from openinfer.backend.fake_executor import _MASK64, _splitmix64
+from openinfer.backend.jsonl import write_jsonl
 from openinfer.models.qwen3.batch import ForwardBatch, SeqInput
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
@@ -43,17 +44,13 @@ from openinfer.models.qwen3.sampling import SamplingTensors, sample
 from openinfer.runtime import Runtime
 
 QWEN3_EOS = 151645  # <|im_end|>
-_MASK64 = (1 << 64) - 1
 
 
 def _mix(*xs: int) -> int:
-    """splitmix64 over the arguments: a replayable seed per (request seed, position)."""
+    """splitmix64 chained over the arguments: a replayable seed per (request seed, position)."""
     h = 0x9E3779B97F4A7C15
     for x in xs:
-        h = (h ^ (x & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
-        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 31
+        h = _splitmix64(h ^ (x & _MASK64))
     return h & ((1 << 63) - 1)
 
 

@@ -165,3 +165,12 @@ def test_the_real_executor_captures_the_simulators_buckets(tiny_model):
     inst = cpu_instance(tiny_model, max_decode_batch=24)
     assert inst.executor.graph_buckets == [1, 2, 4, 8, 16, 20, 24]
     assert [padded_batch(n) for n in (17, 21)] == [20, 24]
+
+
+def test_sampling_seeds_are_splitmix64_of_request_seed_and_position():
+    """_mix chains the one splitmix64 (fake_executor's); pinned values keep replays stable."""
+    from openinfer.backend.cuda_executor import _mix
+    from openinfer.backend.fake_executor import _splitmix64
+    assert (_mix(0, 1), _mix(7, 123456789), _mix(2**64 + 5, 3)) == (
+        6728581669027343264, 4202399297928674382, 8600489457864245151)
+    assert _mix(9) == _splitmix64(0x9E3779B97F4A7C15 ^ 9) & ((1 << 63) - 1)
