@@ -178,8 +178,9 @@ class CudaTransfer:
         src = self.peers.get(peer)
         if src is None:
             raise AccountingError(f"peer_read: unknown peer {peer!r} (known: {sorted(self.peers)})")
-        self._record(PEER, len(src_slots), coalesce(src_slots, dst_slots))
-        for s, d, n in coalesce(src_slots, dst_slots):
+        runs = coalesce(src_slots, dst_slots)
+        self._record(PEER, len(src_slots), runs)
+        for s, d, n in runs:
             self.host.data[d:d + n].copy_(src.data[s:s + n])
         return self.rt.done()
 
@@ -233,9 +234,9 @@ class CudaTransfer:
         c.bytes += rec.bytes
         return rec
 
-    def _copy(self, direction: str, src: list[int], dst: list[int], non_blocking: bool) -> None:
+    def _copy(self, direction: str, runs: list[tuple[int, int, int]], non_blocking: bool) -> None:
         arena, host = self.arena.data, self.host.data
-        for s, d, n in coalesce(src, dst):
+        for s, d, n in runs:
             if direction == D2H:
                 host[d:d + n].copy_(arena[s:s + n], non_blocking=non_blocking)
             else:
@@ -243,16 +244,17 @@ class CudaTransfer:
 
     def _submit(self, direction: str, src: list[int], dst: list[int]) -> Event:
         pages = src if direction == D2H else dst
-        rec = self._record(direction, len(src), coalesce(src, dst))
+        runs = coalesce(src, dst)             # once: the record counts the copies that run
+        rec = self._record(direction, len(src), runs)
         if not src:
             return self.rt.done()
         if self.on_cuda:
-            return self._submit_cuda(direction, src, dst, pages, rec)
+            return self._submit_cuda(direction, runs, pages, rec)
         if self.cpu_delay_s == 0:
-            self._copy(direction, src, dst, non_blocking=False)
+            self._copy(direction, runs, non_blocking=False)
             return self.rt.done()
         self._mark(direction, pages, +1)
-        return self.rt.spawn(self._cpu_later(direction, src, dst, pages, rec))
+        return self.rt.spawn(self._cpu_later(direction, runs, pages, rec))
 
     def _mark(self, direction: str, pages: Sequence[int], delta: int) -> None:
         table = self.inflight.reading if direction == D2H else self.inflight.writing
@@ -261,13 +263,13 @@ class CudaTransfer:
             if table[p] <= 0:
                 del table[p]
 
-    def _cpu_later(self, direction: str, src: list[int], dst: list[int], pages: list[int],
+    def _cpu_later(self, direction: str, runs: list[tuple[int, int, int]], pages: list[int],
                    rec: CopyRecord) -> Generator[Event, Any, None]:
         yield self.rt.sleep(self.cpu_delay_s)
-        self._copy(direction, src, dst, non_blocking=False)
+        self._copy(direction, runs, non_blocking=False)
         self._complete(direction, pages, rec)
 
-    def _submit_cuda(self, direction: str, src: list[int], dst: list[int], pages: list[int],
+    def _submit_cuda(self, direction: str, runs: list[tuple[int, int, int]], pages: list[int],
                      rec: CopyRecord) -> Event:
         stream = self.streams[direction]
         ready = torch.cuda.Event()
@@ -277,7 +279,7 @@ class CudaTransfer:
         end = torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record(stream)
-            self._copy(direction, src, dst, non_blocking=True)
+            self._copy(direction, runs, non_blocking=True)
             end.record(stream)
         self._mark(direction, pages, +1)
         return self.rt.spawn(self._poll(direction, pages, rec, start, end))
