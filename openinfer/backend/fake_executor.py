@@ -60,10 +60,11 @@ class FakeExecutor:
         return self.rt.spawn(self._execute(plan))
 
     def _execute(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
-        started = self.rt.now()
+        rt = self.rt
+        started = rt.now()
         self.steps += 1
         step = self.steps
-        yield self.rt.sleep(self.step_time(plan))
+        yield rt.sleep(self.step_time(plan))
         self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
         error = "injected step failure" if step in self.fail_steps else None
         if error is None and self.step_failure is not None:
@@ -76,9 +77,19 @@ class FakeExecutor:
                 rows[p.req_id] = RowResult(self._next(p.req_id, p.kv.num_prompt, 0), logprob=-1.0)
             else:
                 rows[p.req_id] = RowResult(None)
+        # The decode rows are a simulation's hot loop (one per row per token): ``_next`` and
+        # ``token`` unrolled, same arithmetic.
+        stop, eos, vocab, high = self.stop_after, self.eos_token, self.vocab_size, self.seed << 42
         for d in plan.decode:
-            completion = d.position + 1 - d.kv.num_prompt
-            rows[d.req_id] = RowResult(self._next(d.req_id, d.position + 1, completion), logprob=-1.0)
+            rid = d.req_id
+            position = d.position + 1
+            if stop and stop.get(rid) == position - d.kv.num_prompt:
+                tok = eos
+            else:
+                tok = _splitmix64(high ^ (rid << 21) ^ position) % vocab
+                if tok == eos:
+                    tok = (tok + 1) % vocab
+            rows[rid] = RowResult(tok, -1.0)
         return StepResult(rows, started_at=started, finished_at=self.rt.now())
 
     def _next(self, req_id: int, position: int, completion: int) -> int:

@@ -50,11 +50,13 @@ def build_step(kind: StepKind, chunks: Sequence[PendingRequest], active: Sequenc
                                        is_final=start + n == p.prompt_len, lora=p.req.lora,
                                        all_logits=p.req.echo and p.req.logprobs))
     if ok and kind is not StepKind.PREFILL:
+        add_row = plan.decode.append  # once per row per token in a simulation
         for a in active:
-            if not a.kv.schedule_decode():
+            kv = a.kv
+            if not kv.schedule_decode():
                 ok = False
                 break
-            plan.decode.append(DecodeRow(a.id, a.kv, a.last_token, a.kv.kv_position, a.req.lora))
+            add_row(DecodeRow(a.id, kv, a.last_token, kv.kv_position, a.req.lora))
     if not ok:
         revert_step(plan)
     return plan, ok
