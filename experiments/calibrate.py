@@ -24,7 +24,7 @@ from pathlib import Path
 
 from experiments.cli import main_guard, parse_overrides
 from openinfer.errors import ConfigError, require
-from sim.calibration import fit_copies, fit_steps, host_gap_s, host_hold, read_jsonl
+from sim.calibration import OUTLIER_RATIO, fit_copies, fit_steps, host_gap_s, host_hold, read_jsonl
 from sim.profile import FittedProfile
 
 TARGETS = ("wall_s", "gpu_s")
@@ -42,6 +42,7 @@ class CalibrateConfig:
     target: str = "wall_s"
     copy_target: str = "gpu_s"
     balance_kinds: bool = True
+    mean_fit: bool = True                   # fit mean step durations (false: the ratio, the old fit)
     name: str | None = None
     out: str | None = None
 
@@ -73,7 +74,7 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     records = read_jsonl(step_files)
     copy_records = read_jsonl([p for p in cfg.copies.split(",") if p]) if cfg.copies else records
     gpu, date = _gpu_and_date(cfg)
-    step_model, step_quality = fit_steps(records, cfg.target, cfg.balance_kinds)
+    step_model, step_quality = fit_steps(records, cfg.target, cfg.balance_kinds, cfg.mean_fit)
     gap, gaps = host_gap_s(records, cfg.target)
     links = fit_copies(copy_records, cfg.copy_target)
     hold = host_hold(records if not cfg.copies else [*records, *copy_records])
@@ -92,8 +93,12 @@ def print_profile(p: FittedProfile, path: Path) -> None:
     print(f"calibrate: {p.gpu} / {p.model} ({p.date}) -> {path}")
     print(f"  steps   {q['samples']} samples  R² {q['r2']:.4f}  median |rel err| {q['median_rel_error']:.2%}  "
           f"rmse {q['rmse_s'] * 1e3:.3f} ms")
-    print("  median signed error by kind: " + "  ".join(
+    print(f"  {q.get('fit', 'ratio')} fit; median signed error by kind: " + "  ".join(
         f"{k} {v:+.1%}" for k, v in q["median_signed_rel_error_by_kind"].items()))
+    if "total_rel_error_by_kind" in q:
+        print("  error of each kind's total time: " + "  ".join(
+            f"{k} {v:+.1%}" for k, v in q["total_rel_error_by_kind"].items())
+            + f"  ({q.get('outliers', 0)} steps over {OUTLIER_RATIO:g}x their prediction left out: JIT compiles)")
     coef = p.step_model.coefficients()
     print("  step    " + "  ".join(f"{k}={v:.3g}" for k, v in coef.items()))
     print(f"  host gap between back-to-back steps {p.host_overhead_s * 1e3:.3f} ms "

@@ -4,14 +4,25 @@ The roofline is a prior; a real GPU has kernel launch gaps, attention kernels wi
 own efficiency, and graph replay costs the roofline cannot know. ``validate`` runs on the
 real executor record (plan features, seconds) pairs; ``CalibratedStepModel.fit`` turns
 them into ``t = a + g·eager_step + b·prefill_tokens + c·prefill_attn_pairs
-+ d·decode_rows_padded + e·decode_context_tokens`` by least squares, and the simulator then
-runs on it. ``prefill_attn_pairs`` (≈ tokens²/2 for a cold chunk) carries the quadratic
++ d·decode_rows_padded + e·decode_context_tokens`` (plus ``d'·rows + e'·context`` for the
+decode rows of an eager step) by least squares, and the simulator then runs on it. ``prefill_attn_pairs`` (≈ tokens²/2 for a cold chunk) carries the quadratic
 attention term, so a 16k prompt stays superlinear. ``eager_step`` is 1 for a step with
 prompt tokens: the real executor replays CUDA graphs only for pure decode, so every other
 step pays the per-kernel launch cost of an eager pass, a constant the other terms cannot
-express. The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
+express; for the same reason a decode row computed in an eager (unified) step does not
+cost what a row of a replayed graph does, and ``eager_decode_rows`` /
+``eager_decode_context_tokens`` are what such a row costs on top (with one shared slope
+the served runs' unified steps dragged the graph-decode slope up and large-batch decode
+came out 20-40% slow on the H200 step grid). The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
 prefill both matter, and absolute least squares would let the long steps drown out the
 decode steps that TPOT is made of.
+
+``mean=True`` fits the mean duration instead (quasi-likelihood for noise proportional to
+the mean, by reweighting with the predicted rather than the measured time): the relative
+fit divides each residual by the measured time, so a step that ran slow counts for less
+and the line sits under the average; a simulator adds durations, so its latencies need the
+average. Steps over ``outlier_ratio`` times their prediction (a Triton JIT compile on a new
+shape: 0.5 s for a 14 ms step) are left out of that fit and counted.
 """
 
 from __future__ import annotations
@@ -25,7 +36,9 @@ from openinfer.backend.executor import StepPlan
 from openinfer.errors import ConfigError, require
 from sim.step_features import StepFeatures, step_features
 
-TERMS = ("intercept", "eager_step", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens")
+TERMS = ("intercept", "eager_step", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens",
+         "eager_decode_rows", "eager_decode_context_tokens")
+MEAN_FIT_ITERATIONS = 25
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,7 @@ class FitQuality:
     rmse_s: float
     r2: float
     median_rel_error: float = 0.0
+    outliers: int = 0               # samples a mean fit left out (over outlier_ratio x prediction)
 
 
 @dataclass(frozen=True)
@@ -44,15 +58,19 @@ class CalibratedStepModel:
     prefill_attn_pairs: float = 0.0
     decode_rows_padded: float = 0.0
     decode_context_tokens: float = 0.0
+    eager_decode_rows: float = 0.0             # extra per decode row of an eager step
+    eager_decode_context_tokens: float = 0.0   # extra per context token of those rows
     pad_unified: bool = False
     min_step_s: float = 1e-6  # a fit may extrapolate below zero; a step never takes no time
 
     def features_time(self, f: StepFeatures) -> float:
-        t = (self.intercept + (self.eager_step if f.prefill_tokens else 0.0)
-             + self.prefill_tokens * f.prefill_tokens
-             + self.prefill_attn_pairs * f.prefill_attn_pairs
-             + self.decode_rows_padded * f.decode_rows_padded
+        t = (self.intercept + self.decode_rows_padded * f.decode_rows_padded
              + self.decode_context_tokens * f.decode_context_tokens)
+        if f.prefill_tokens:
+            t += (self.eager_step + self.prefill_tokens * f.prefill_tokens
+                  + self.prefill_attn_pairs * f.prefill_attn_pairs
+                  + self.eager_decode_rows * f.decode_rows_padded
+                  + self.eager_decode_context_tokens * f.decode_context_tokens)
         return t if t > self.min_step_s else self.min_step_s
 
     def step_time(self, plan: StepPlan) -> float:
@@ -74,42 +92,58 @@ class CalibratedStepModel:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
-            pad_unified: bool = False, relative: bool = True) -> CalibratedStepModel:
+            pad_unified: bool = False, relative: bool = True, mean: bool = False) -> CalibratedStepModel:
         """Least-squares coefficients from (features or plan, measured seconds) pairs."""
-        return cls.fit_with_quality(samples, pad_unified=pad_unified, relative=relative)[0]
+        return cls.fit_with_quality(samples, pad_unified=pad_unified, relative=relative, mean=mean)[0]
 
     @classmethod
     def fit_with_quality(cls, samples: Sequence[tuple[StepFeatures | StepPlan, float]], *,
                          pad_unified: bool = False, relative: bool = True,
-                         sample_weights: Sequence[float] | None = None
-                         ) -> tuple[CalibratedStepModel, FitQuality]:
+                         sample_weights: Sequence[float] | None = None, mean: bool = False,
+                         outlier_ratio: float = 10.0) -> tuple[CalibratedStepModel, FitQuality]:
         """``fit`` plus how well the line explains the samples (RMSE, R², median relative
-        error). A term no sample exercises (say, no eager step was measured) gets 0."""
+        error). A term no sample exercises (say, no eager step was measured) gets 0.
+        ``mean``: fit the mean duration (see the module docstring)."""
         require(len(samples) >= len(TERMS), "calibration.samples", len(samples),
                 f"at least {len(TERMS)} (feature, seconds) pairs")
         rows, ys = [], []
         for i, (x, seconds) in enumerate(samples):
             f = x if isinstance(x, StepFeatures) else step_features(x, pad_unified)
             require(seconds >= 0, f"calibration.samples[{i}].seconds", seconds, "a number >= 0")
-            rows.append((1.0, 1.0 if f.prefill_tokens else 0.0, f.prefill_tokens, f.prefill_attn_pairs,
-                         f.decode_rows_padded, f.decode_context_tokens))
+            eager = 1.0 if f.prefill_tokens else 0.0
+            rows.append((1.0, eager, f.prefill_tokens, f.prefill_attn_pairs,
+                         f.decode_rows_padded, f.decode_context_tokens,
+                         eager * f.decode_rows_padded, eager * f.decode_context_tokens))
             ys.append(seconds)
         a = np.asarray(rows, dtype=float)
         y = np.asarray(ys, dtype=float)
         # Scale columns so the quadratic term (≈1e8) and the intercept (1) condition alike.
         scale = np.abs(a).max(axis=0)
         scale[scale == 0] = 1.0
-        weight = 1.0 / np.maximum(y, 1e-6) if relative else np.ones_like(y)
+        prior = np.ones_like(y)
         if sample_weights is not None:
             require(len(sample_weights) == len(ys), "calibration.sample_weights", len(sample_weights),
                     f"one weight per sample ({len(ys)})")
-            weight = weight * np.sqrt(np.asarray(sample_weights, dtype=float))
-        coef, *_ = np.linalg.lstsq((a / scale) * weight[:, None], y * weight, rcond=None)
-        coef = coef / scale
+            prior = np.sqrt(np.asarray(sample_weights, dtype=float))
+
+        def solve(weight: np.ndarray) -> np.ndarray:
+            c, *_ = np.linalg.lstsq((a / scale) * weight[:, None], y * weight, rcond=None)
+            return c / scale
+        coef = solve(prior / np.maximum(y, 1e-6) if relative else prior)
+        keep = np.ones_like(y, dtype=bool)
+        if mean:
+            for _ in range(MEAN_FIT_ITERATIONS):
+                p = np.maximum(a @ coef, 1e-6)
+                keep = y <= outlier_ratio * p
+                new = solve(prior / p * keep)
+                if np.allclose(new, coef, rtol=1e-9, atol=0.0):
+                    break
+                coef = new
         pred = a @ coef
         resid = y - pred
         ss_tot = float(((y - y.mean()) ** 2).sum())
         r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
-        model = cls(*(float(c) for c in coef), pad_unified=pad_unified)
+        model = cls(**{k: float(c) for k, c in zip(TERMS, coef)}, pad_unified=pad_unified)
         rel = np.abs(resid) / np.maximum(y, 1e-9)
-        return model, FitQuality(len(ys), float(np.sqrt((resid ** 2).mean())), r2, float(np.median(rel)))
+        return model, FitQuality(len(ys), float(np.sqrt((resid ** 2).mean())), r2, float(np.median(rel)),
+                                 int((~keep).sum()))

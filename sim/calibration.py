@@ -32,6 +32,7 @@ FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures))
 COPY_DIRECTIONS = ("d2h", "h2d")
 GiB = 1024 ** 3
 MAX_BACK_TO_BACK_GAP_S = 0.02  # a longer gap means the engine had nothing to run, not overhead
+OUTLIER_RATIO = 10.0           # a step this many times its prediction was a JIT compile, not a step
 
 
 def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -207,11 +208,14 @@ def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "gpu_s") -> C
     return CopyFits(*(fit_link(by_dir[d]) if by_dir[d] else None for d in COPY_DIRECTIONS))
 
 
-def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", balance_kinds: bool = True
-              ) -> tuple[CalibratedStepModel, dict[str, Any]]:
+def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", balance_kinds: bool = True,
+              mean: bool = True) -> tuple[CalibratedStepModel, dict[str, Any]]:
     """The step model, with each step kind weighing the same in total when
     ``balance_kinds``: a served run is mostly decode steps, and unweighted they would
-    decide the eager intercept and the prefill slope that TTFT depends on."""
+    decide the eager intercept and the prefill slope that TTFT depends on. ``mean``: fit
+    the mean duration (what a simulator's sums need), not the ratio (see
+    ``sim.calibrated_step_model``). The quality says per kind the median signed error and
+    how far the predicted total of that kind's steps is from the measured one."""
     samples = step_samples(records, target)
     weights = None
     if balance_kinds:
@@ -219,10 +223,16 @@ def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", bala
         for _, _, kind in samples:
             counts[kind] = counts.get(kind, 0) + 1
         weights = [1.0 / counts[kind] for _, _, kind in samples]
-    model, q = CalibratedStepModel.fit_with_quality([(f, t) for f, t, _ in samples], sample_weights=weights)
+    model, q = CalibratedStepModel.fit_with_quality([(f, t) for f, t, _ in samples], sample_weights=weights,
+                                                    mean=mean, outlier_ratio=OUTLIER_RATIO)
     per_kind: dict[str, float] = {}
+    per_kind_sum: dict[str, float] = {}
     for kind in sorted({k for _, _, k in samples}):
-        rel = [model.features_time(f) / t - 1 for f, t, k in samples if k == kind and t > 0]
+        pairs = [(model.features_time(f), t) for f, t, k in samples if k == kind and t > 0]
+        rel = [p / t - 1 for p, t in pairs]
         per_kind[kind] = float(np.median(rel)) if rel else 0.0
+        kept = [(p, t) for p, t in pairs if t <= OUTLIER_RATIO * p]
+        per_kind_sum[kind] = float(sum(p for p, _ in kept) / sum(t for _, t in kept) - 1) if kept else 0.0
     return model, dict(samples=q.samples, rmse_s=q.rmse_s, r2=q.r2, median_rel_error=q.median_rel_error,
-                       median_signed_rel_error_by_kind=per_kind, balance_kinds=balance_kinds)
+                       median_signed_rel_error_by_kind=per_kind, total_rel_error_by_kind=per_kind_sum,
+                       outliers=q.outliers, balance_kinds=balance_kinds, fit="mean" if mean else "ratio")
