@@ -1,7 +1,7 @@
 """How close the simulator comes to the real executor on a workload it was not fitted to.
 
     python -m experiments.fidelity served=results/gpu/validate_h200.json [workload=heldout] \
-        profile=conf/profiles/h200_qwen3-4b.yaml [report=results/fidelity_h200.json]
+        profile=conf/profiles/h200_qwen3-4b.yaml [report=results/fidelity_h200.json] [repeat=PATH]
 
 ``served`` is what ``experiments.serve_real.run_served`` wrote on the GPU (its
 ``served.json``, or the validate report that embeds it per workload): the workload's
@@ -14,7 +14,9 @@ list), the throughput error, the absolute error of the per-tier hit rates in poi
 the simulator's own wall time, and per request the real TTFT next to its simulated twin's
 (``phases.<ph>.requests``: [real, sim] pairs). The twin runs on the profile's model of the
 real host (``FittedProfile.world``: when a step holds the host thread, nothing that falls
-due during a step is handled before it ends). The targets are the issue's: ≤ 3% TPOT and throughput,
+due during a step is handled before it ends). ``repeat``: a second capture of the same
+workload; the report then also says how far the real run is from itself and how far the
+simulator is from that repeat. The targets are the issue's: ≤ 3% TPOT and throughput,
 ≤ 10% mean and ≤ 15% p99 TTFT, hit rates within 2 points.
 """
 
@@ -49,6 +51,7 @@ class FidelityConfig:
     workload: str = "heldout"         # which served workload of a validate report
     model_config: str | None = None   # config.json of the served checkpoint, if not a preset geometry
     max_sim_s: float = 3600.0
+    repeat: str | None = None         # another capture of the same workload: the real run's own spread
 
     def __post_init__(self) -> None:
         require(bool(self.served), "served", self.served, "the served.json of a run_served on the GPU")
@@ -198,10 +201,31 @@ def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
         err = compare(real, sim)
         phases[ph] = dict(real=real, sim=sim, error=err, met=verdict(err),
                           requests=request_pairs(real_phase["requests"], sim_phases[ph]["requests"]))
-    return dict(served=cfg.served, profile=cfg.profile, gpu=profile.gpu, profile_date=profile.date,
-                model=profile.model, workload=served["workload"], targets=TARGETS,
-                host_holds_steps=profile.host_holds_steps, phases=phases,
-                sim_wall_s=round(sim_wall, 3), real_wall_s=sum(p["duration_s"] for p in served["phases"].values()))
+    rep = dict(served=cfg.served, profile=cfg.profile, gpu=profile.gpu, profile_date=profile.date,
+               model=profile.model, workload=served["workload"], targets=TARGETS,
+               host_holds_steps=profile.host_holds_steps, phases=phases,
+               sim_wall_s=round(sim_wall, 3), real_wall_s=sum(p["duration_s"] for p in served["phases"].values()))
+    if cfg.repeat:
+        rep["repeat"] = repeat_section(cfg.repeat, cfg.workload, served, phases, bs)
+    return rep
+
+
+def repeat_section(path: str, workload: str, served: dict[str, Any], phases: dict[str, Any],
+                   block_size: int) -> dict[str, Any]:
+    """A second real capture of the same workload on the same instance configuration: how
+    far the real run is from itself (``real_vs_real``: the repeat against the first, as
+    relative errors like the simulator's) and the simulator's error against the repeat.
+    The simulator is deterministic, so its run is the one already made."""
+    again = load_served(path, workload)
+    require(again["workload"] == served["workload"], "repeat", path, "a capture of the same workload")
+    require(again["instance"]["config"] == served["instance"]["config"], "repeat", path,
+            "a capture on the same instance configuration")
+    out: dict[str, Any] = dict(served=path, phases={})
+    for ph, p in phases.items():
+        real2 = phase_numbers(again["phases"][ph], block_size)
+        err = compare(real2, p["sim"])
+        out["phases"][ph] = dict(real=real2, real_vs_real=compare(p["real"], real2), error=err, met=verdict(err))
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -221,6 +245,17 @@ def print_fidelity(rep: dict[str, Any]) -> None:
               f" | tput {_pct(e['throughput']['output_tokens_per_s'])}"
               f" | hit {max(abs(v) for v in e['hit_rate_points'].values()):.1f} pts")
         print("        met: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in p["met"].items()))
+    if "repeat" in rep:
+        print(f"  repeat capture {rep['repeat']['served']}: the real run against itself, and the simulator against it")
+        for ph, p in rep["repeat"]["phases"].items():
+            rr, e = p["real_vs_real"], p["error"]
+            print(f"  {ph:5s} real vs real TTFT mean {_pct(rr['ttft']['mean'])} p99 {_pct(rr['ttft']['p99'])}"
+                  f" | TPOT mean {_pct(rr['tpot']['mean'])} | tput {_pct(rr['throughput']['output_tokens_per_s'])}")
+            print(f"        sim vs it TTFT mean {_pct(e['ttft']['mean'])} p90 {_pct(e['ttft']['p90'])}"
+                  f" p99 {_pct(e['ttft']['p99'])} | TPOT mean {_pct(e['tpot']['mean'])}"
+                  f" | E2E mean {_pct(e['e2el']['mean'])} | tput {_pct(e['throughput']['output_tokens_per_s'])}"
+                  f" | hit {max(abs(v) for v in e['hit_rate_points'].values()):.1f} pts")
+            print("        met: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in p["met"].items()))
 
 
 @main_guard
