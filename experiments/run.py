@@ -43,7 +43,6 @@ def comparison(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"openinfer {exp.config.get('experiment', {}).get('name', '')}: {shape}, {w['kind']} workload, "
              f"{n} requests, pool {c.world.num_blocks or 'sized from HBM'} pages + {c.world.host_tier_gib:g} GiB "
              f"CPU tier, faults: {faults or 'none'} (simulated time)"]
-    width = max(14, *(len(r["variant"]) + 2 for r in rows))
     table = [
         ("requests finished", [f"{r['finished']}/{r['sent']}" for r in rows]),
         ("finding", [r["finding"] or "none" for r in rows]),
@@ -58,8 +57,7 @@ def comparison(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
         ("peak pinned pages", [str(r["peak_pinned_pages"]) for r in rows]),
         ("wall s", [f"{r['wall_s']:.1f}" for r in rows]),
     ]
-    cells = {label: vals for label, vals in table}
-    width = max(width, *(len(v) + 2 for vals in cells.values() for v in vals))
+    width = max(14, *(len(v) + 2 for v in [r["variant"] for r in rows] + [v for _, vals in table for v in vals]))
     lines.append(f"  {'':<18}" + "".join(f"{r['variant']:>{width}}" for r in rows))
     for label, vals in table:
         lines.append(f"  {label:<18}" + "".join(f"{v:>{width}}" for v in vals))

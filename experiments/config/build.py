@@ -74,7 +74,7 @@ def _renamed(err: ConfigError, prefix: str = "") -> ConfigError:
     return ConfigError(key, err.value, err.accepted)
 
 
-def make_workload(w: Any, seed_requests_cap: int | None = None) -> Workload:
+def make_workload(w: Any) -> Workload:
     require(isinstance(w.qps, (int, float)) and w.qps > 0, "workload.qps", w.qps,
             "a number > 0 (requests per second) or inf")
     require(w.kind in WORKLOAD_KINDS, "workload.kind", w.kind, f"one of {', '.join(WORKLOAD_KINDS)}")

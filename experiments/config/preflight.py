@@ -14,13 +14,11 @@ import itertools
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.config.build import build
@@ -140,7 +138,3 @@ def guard(argv: list[str], config_name: str) -> None:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
-
-
-def to_plain(cfg: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
