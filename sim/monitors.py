@@ -101,6 +101,7 @@ class Monitor:
         self._instant = -1.0
         self._at_instant = 0
         self._repeats = 0
+        self._handlers: dict[str, Callable[[dict[str, Any]], None] | None] = {}
         engine.observers.append(self.on_engine)
         store.observers.append(self.on_store)
 
@@ -125,7 +126,10 @@ class Monitor:
 
     # -- engine events ----------------------------------------------------------------
     def on_engine(self, kind: str, data: dict[str, Any]) -> None:
-        handler = getattr(self, f"_on_{kind}", None)
+        try:
+            handler = self._handlers[kind]
+        except KeyError:  # first event of this kind: look its handler up once
+            handler = self._handlers[kind] = getattr(self, f"_on_{kind}", None)
         if handler is not None:
             handler(data)
 
