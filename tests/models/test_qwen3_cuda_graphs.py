@@ -31,8 +31,12 @@ def test_graph_replay_matches_eager(tiny_ckpt):
                              max_pages=8)
     replayed = graphs.run(batch).clone()             # bucket 4: one padding row
     eager = model.forward(batch, arena)
+    # The reference backend launches no Triton kernel (no PDL, no skinny GEMM): a race in
+    # the replayed graph could not hide behind the same race in the eager run.
+    reference = Qwen3Model(model.cfg, model.w, "reference").forward(batch, arena)
     assert graphs.bucket_for(3) == 4
     assert (replayed - eager).abs().max().item() <= 1e-4
+    assert (replayed - reference).abs().max().item() <= 1e-4
     assert torch.equal(arena.data[0], before)        # the padding page was not written
 
 

@@ -101,7 +101,9 @@ def test_decode_bf16(device):
 
 
 def test_default_num_splits_static():
-    assert K.default_num_splits(1, 8, 40960) == 16
+    assert K.default_num_splits(1, 8, 40960) == 64
+    assert K.default_num_splits(1, 8, 4112) == 33    # bs 1 at 4k: ~125 tokens a split
+    assert K.default_num_splits(8, 8, 4112) == 8
     assert K.default_num_splits(256, 8, 40960) == 1
     assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split
 
@@ -166,9 +168,11 @@ def test_qkv_norm_rope_write(device, dtype, splits):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,split", [(1, 50, 70, 1), (5, 64, 96, 3), (16, 33, 40, 2)])
+@pytest.mark.parametrize("m,n,k,split", [(1, 50, 70, 1), (5, 64, 96, 3), (16, 33, 40, 2),
+                                         (2, 40, 16, 1)])
 def test_skinny_linear(device, dtype, m, n, k, split):
-    """Odd N and K (masked tiles), K ranges that do not divide evenly, 1..16 rows."""
+    """Odd N and K (masked tiles), K ranges that do not divide evenly, 1..16 rows, a K
+    range of exactly the first (pre-wait) tile."""
     x = torch.randn(m, k, device=device).to(dtype)
     w = torch.randn(n, k, device=device).to(dtype)
     cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split)

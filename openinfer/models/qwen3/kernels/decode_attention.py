@@ -17,6 +17,7 @@ import triton.language as tl
 
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
+from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 
@@ -28,10 +29,11 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-                         UPCAST: tl.constexpr):
+                         UPCAST: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_wait(PDL)
     seq_len = tl.load(seq_lens_ptr + b)
     per_split = tl.cdiv(seq_len, NUM_SPLITS)
     lo = split * per_split
@@ -55,6 +57,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + page[:, None] * s_kp + off[:, None] * s_ko + kvh * s_kh
                     + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + page[:, None] * s_vp + off[:, None] * s_vo + kvh * s_vh
+                    + offs_d[None, :], mask=kv_mask, other=0.0)    # in flight with K
         s = mma(q, tl.trans(k), DOT_PREC, UPCAST) * sm_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -62,8 +66,6 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + page[:, None] * s_vp + off[:, None] * s_vo + kvh * s_vh
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PREC, UPCAST)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -81,9 +83,10 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
 @triton.jit
 def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
                           HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    pdl_wait(PDL)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
@@ -97,10 +100,12 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
-    """Enough programs to fill an H200 (~2 waves over 132 SMs) without splitting short
-    contexts into slivers; depends only on static sizes so it is fixed per graph bucket."""
-    want = triton.cdiv(264, batch * num_kv_heads)
-    return max(1, min(16, want, triton.cdiv(max_context, 256)))
+    """About 512 programs (~4 per SM of a 132-SM H200) without cutting a full-length
+    context into splits under 128 tokens; depends only on static sizes, so it is fixed per
+    graph bucket. From a sweep on an H200 at bs 1 and 8, 1k and 4k context
+    (``scripts/device_decode_bench.py --sweep``): bs 1 wants ~32 splits, bs 8 ~8."""
+    want = triton.cdiv(512, batch * num_kv_heads)
+    return max(1, min(64, want, triton.cdiv(max_context, 128)))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -126,10 +131,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         *v_cache.stride()[:3], block_tables.stride(0), *part.stride()[:3], *lse.stride()[:2],
         HEAD_DIM=D, GROUP=group, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PREC=dot_precision(q.dtype), UPCAST=INTERPRET, num_warps=num_warps)
+        DOT_PREC=dot_precision(q.dtype), UPCAST=INTERPRET, num_warps=num_warps,
+        **pdl_args(q.device))
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
             HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d)
+            BLOCK_D=block_d, **pdl_args(q.device))
     return out

@@ -14,15 +14,19 @@ import triton
 import triton.language as tl
 
 from openinfer.models.qwen3.kernels._parts import load_parts
+from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, ro_ptr, s_xs, s_x, s_r, s_o, s_ro, N, eps,
-                     HAS_RESIDUAL: tl.constexpr, NUM_PARTS: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, NUM_PARTS: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     dt = o_ptr.dtype.element_ty
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)        # a weight: safe before the wait
+    pdl_wait(PDL)
     x = load_parts(x_ptr + row * s_x, s_xs, cols, mask, NUM_PARTS, dt)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * s_r + cols, mask=mask, other=0.0)
@@ -30,7 +34,6 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, ro_ptr, s_xs, s_x, s_r, s_o, s_
         tl.store(ro_ptr + row * s_ro + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     y = (w.to(tl.float32) * (xf * inv).to(dt).to(tl.float32)).to(dt)
     tl.store(o_ptr + row * s_o + cols, y, mask=mask)
 
@@ -53,5 +56,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _rms_norm_kernel[(T,)](parts, r, weight, out, ro, parts.stride(0), parts.stride(1),
                                r.stride(0), out.stride(0), ro.stride(0), N, eps,
                                HAS_RESIDUAL=residual is not None, NUM_PARTS=S,
-                               BLOCK=triton.next_power_of_2(N))
+                               BLOCK=triton.next_power_of_2(N), **pdl_args(x.device))
     return out, res_out

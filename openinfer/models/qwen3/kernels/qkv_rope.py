@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from openinfer.models.qwen3.kernels._parts import load_parts
+from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 
 
 @triton.jit
@@ -40,10 +41,12 @@ def _norm_rope(src, s_part, w_ptr, c, s, eps, NUM_PARTS: tl.constexpr, HALF: tl.
 def _qkv_rope_write_kernel(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
                            kc_ptr, vc_ptr, s_xs, s_xt, s_qt, s_qh, s_c, s_kp, s_ko, s_kh,
                            s_vp, s_vo, s_vh, eps, HQ: tl.constexpr, HK: tl.constexpr,
-                           PAGE: tl.constexpr, NUM_PARTS: tl.constexpr, HALF: tl.constexpr):
+                           PAGE: tl.constexpr, NUM_PARTS: tl.constexpr, HALF: tl.constexpr,
+                           PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, HALF)
+    pdl_wait(PDL)
     dt = q_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * s_c + offs).to(tl.float32)   # HF's table repeats its halves
@@ -93,5 +96,5 @@ def qkv_norm_rope_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: tor
             qkv, q, q_weight, k_weight, cos, sin, positions, slot_mapping, k_cache, v_cache,
             qkv.stride(0), qkv.stride(1), q.stride(0), q.stride(1), cos.stride(0),
             *k_cache.stride()[:3], *v_cache.stride()[:3], eps, HQ=num_q_heads, HK=Hk,
-            PAGE=k_cache.shape[1], NUM_PARTS=S, HALF=D // 2)
+            PAGE=k_cache.shape[1], NUM_PARTS=S, HALF=D // 2, **pdl_args(qkv.device))
     return q

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
+from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 
 MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
@@ -37,7 +38,7 @@ MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr):
+                   UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -48,9 +49,23 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_rows = x_ptr + offs_m[:, None] * s_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    # The first W tile is read before waiting on the previous kernel (weights are never
+    # written during a step), so the stream of W starts while that kernel drains.
+    # (Names differ from the loop's so that no tile becomes a loop-carried value.)
+    offs_k0 = k_lo + tl.arange(0, BLOCK_K)
+    k_mask0 = offs_k0 < k_hi
+    w_mask0 = n_mask[:, None] & k_mask0[None, :]
+    w0 = tl.load(w_rows + offs_k0[None, :], mask=w_mask0, other=0.0)
+    w_up0 = w0
+    if GATED:
+        w_up0 = tl.load(w_rows + N * s_wn + offs_k0[None, :], mask=w_mask0, other=0.0)
+    pdl_wait(PDL)
+    x0 = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & k_mask0[None, :], other=0.0)
+    acc = mma(x0, tl.trans(w0), DOT_PREC, UPCAST)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    if GATED:
+        acc_up = mma(x0, tl.trans(w_up0), DOT_PREC, UPCAST)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
@@ -78,7 +93,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
 class SkinnyConfig:
     """Tile sizes and launch shape; all static, so a captured graph keeps one choice."""
 
-    block_n: int = 64
+    block_n: int = 32
     block_k: int = 128
     split_k: int = 1
     num_warps: int = 4
@@ -98,14 +113,17 @@ def sm_count(device: torch.device) -> int:
 
 
 def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> SkinnyConfig:
-    """Split K only where the N-blocks alone would leave SMs without ~4 programs each
-    (o_proj and down_proj of a 4B: N = 2560) and the consumer takes parts; a gated product
-    cannot split (its epilogue is nonlinear)."""
-    block_n, block_k = (32 if gated else 64), 128
+    """32-row tiles; split K until there are >= 2 programs per SM (QKV: 2 splits, o_proj
+    and down_proj of a 4B: 4) where the consumer takes parts; a gated product cannot split
+    (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
+    sweep on an H200 (``scripts/device_decode_bench.py --sweep``)."""
+    if n >= 256 * sms:
+        return SkinnyConfig(block_n=64, block_k=256, num_stages=3)
+    block_n, block_k = 32, 128
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
-        while blocks * split < 4 * sms and split < 8 and k // (2 * split) >= 4 * block_k:
+        while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * block_k:
             split *= 2
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split)
 
@@ -120,7 +138,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
                          y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
                          BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                          DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
-                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         **pdl_args(x.device))
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
