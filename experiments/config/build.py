@@ -16,15 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from openinfer.errors import ConfigError, require
 from openinfer.variants import variant as parse_variant
-from sim.arrivals import ArrivalSpec
 from sim.cluster import ClusterConfig
 from sim.cluster_run import PlacedFault
 from sim.faults import FaultSpec
 from sim.hardware import preset as hardware_preset
-from sim.lengths import LengthDist
 from sim.metrics import summarize
 from sim.model_geometry import preset as model_preset
-from sim.workloads import ChatWorkload, RandomWorkload, Workload
+from sim.workload_spec import workload_from_flat
+from sim.workloads import Workload
 from sim.world import WorldConfig
 
 WORKLOAD_KINDS = ("chat", "random")
@@ -82,15 +81,15 @@ def make_workload(w: Any) -> Workload:
     require(w.turns >= 1, "workload.turns", w.turns, "an int >= 1")
     require(w.user_len >= 1, "workload.user_len", w.user_len, "an int >= 1")
     require(w.output_len >= 1, "workload.output_len", w.output_len, "an int >= 1")
+    flat = dict(kind=w.kind, output_len=w.output_len, rate=w.qps, process=w.arrival, cv=w.cv)
     if w.kind == "random":
-        return RandomWorkload(w.num_requests, w.input_len, w.output_len, w.range_ratio, w.prefix_len,
-                              ArrivalSpec(w.qps, w.arrival, w.cv))
-    return ChatWorkload(num_sessions=-(-w.num_requests // w.turns), turns=LengthDist.fixed(w.turns),
-                        system_prompt_len=w.system_prompt_len,
-                        user_len=LengthDist.lognormal(w.user_len, 0.5, max=8 * w.user_len),
-                        output_len=LengthDist.lognormal(w.output_len, 0.5, max=8 * w.output_len),
-                        think_time_s=w.think_time_s, arrival=ArrivalSpec(w.qps / w.turns, w.arrival, w.cv),
-                        max_requests=w.num_requests)
+        flat.update(num_requests=w.num_requests, input_len=w.input_len, range_ratio=w.range_ratio,
+                    prefix_len=w.prefix_len)
+    else:  # qps is the request rate: sessions of ``turns`` requests arrive at qps/turns
+        flat.update(rate=w.qps / w.turns, num_sessions=-(-w.num_requests // w.turns), max_requests=w.num_requests,
+                    turns=w.turns, system_prompt_len=w.system_prompt_len, user_len=w.user_len,
+                    think_time_s=w.think_time_s, length_sigma=0.5)
+    return workload_from_flat(flat)
 
 
 def make_faults(cfg: Any, instances: list[str]) -> list[PlacedFault]:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from experiments.config.preflight import check
+from openinfer.errors import ConfigError
 
 
 @pytest.mark.parametrize("argv, key, hint", [
@@ -36,3 +37,27 @@ def test_cli_exits_2_with_one_line() -> None:
     p = subprocess.run([sys.executable, "-m", "experiments.run", "workload.qpss=3"], capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "workload.qpss" in p.stderr
+
+
+def test_the_workload_group_builds_through_the_shared_flat_form() -> None:
+    """experiments.config.build maps the Hydra keys onto sim.workload_spec.workload_from_flat
+    (the form serve_real takes): chat qps is the request rate, sessions arrive at qps/turns."""
+    from omegaconf import OmegaConf
+
+    from experiments.config.build import make_workload
+    from experiments.config.schema import WorkloadConf
+    from sim.lengths import LengthDist
+    from sim.workload_spec import workload_from_flat
+    from sim.workloads import ChatWorkload, RandomWorkload
+
+    chat = make_workload(OmegaConf.structured(WorkloadConf(kind="chat", num_requests=10, qps=8.0, turns=4)))
+    assert isinstance(chat, ChatWorkload) and chat.num_sessions == 3 and chat.max_requests == 10
+    assert chat.arrival.rate == 2.0 and chat.user_len == LengthDist.lognormal(150, 0.5, max=1200)
+    rnd = make_workload(OmegaConf.structured(WorkloadConf(kind="random", qps=float("inf"), prefix_len=8)))
+    assert isinstance(rnd, RandomWorkload) and rnd.prefix_len == 8 and rnd.arrival.rate == float("inf")
+    flat = workload_from_flat(dict(kind="chat", num_sessions=2, turns=2, rate=5, seed=3))
+    assert flat.turns == LengthDist.fixed(2) and flat.output_len == LengthDist.fixed(16) and flat.arrival.rate == 5
+    with pytest.raises(ConfigError, match="workload.qps"):
+        workload_from_flat(dict(kind="random", qps=3))
+    with pytest.raises(ConfigError, match="workload.kind"):
+        workload_from_flat(dict(kind="trace"))
