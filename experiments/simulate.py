@@ -9,7 +9,9 @@ sessions behind a shared system prompt (``turns``, ``system_prompt_len``, ``user
 ``output_len``, ``think_time_s``; ``qps`` is the request rate, sessions arrive at
 qps/turns); ``mooncake`` replays ``trace=PATH`` (Mooncake JSONL, ``speedup``), or without a
 path a synthetic trace in that format (the report says so). ``calibration=PATH`` runs on a
-fitted step model (JSON of CalibratedStepModel coefficients) instead of the roofline.
+fitted step model (JSON of CalibratedStepModel coefficients) instead of the roofline;
+``profile=PATH`` runs on a fitted hardware profile (``experiments.calibrate``'s YAML: step
+model, copy links and, when it was measured so, a host thread that each step holds).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sim.arrivals import ArrivalSpec
 from sim.calibrated_step_model import CalibratedStepModel
 from sim.lengths import LengthDist
 from sim.perfetto import TraceRecorder
+from sim.profile import FittedProfile
 from sim.step_model import StepModel
 from sim.traces import load_trace, parse_lines, synthetic_mooncake_lines
 from sim.workloads import ChatWorkload, RandomWorkload, TraceWorkload, Workload
@@ -52,6 +55,8 @@ class SimulateConfig:
     max_decode_batch: int = 256
     order: str = "fifo"
     calibration: str | None = None
+    profile: str | None = None    # a fitted hardware profile (experiments.calibrate's YAML)
+    host: str = "free"            # held: a step holds the engine's host thread (as the real engine)
     # arrivals and client
     arrival: str = "poisson"
     cv: float = 1.0
@@ -79,6 +84,8 @@ class SimulateConfig:
         require(self.num_requests >= 1, "num_requests", self.num_requests, "an int >= 1")
         require(self.qps > 0, "qps", self.qps, "a number > 0 (requests per second; inf = all at once)")
         require(self.turns >= 1, "turns", self.turns, "an int >= 1")
+        require(not (self.profile and self.calibration), "calibration", self.calibration,
+                "unset when profile= is given (the profile carries its own step model)")
 
 
 def make_workload(cfg: SimulateConfig) -> Workload:
@@ -115,9 +122,14 @@ def simulate(cfg: SimulateConfig) -> dict[str, Any]:
                             num_blocks=cfg.num_blocks, host_tier_gib=cfg.host_gib, prefix_cache=cfg.prefix_cache,
                             max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
                             seed=cfg.seed, order=cfg.order, output_mode=cfg.output_mode,
-                            abort_probability=cfg.abort_prob, abort_after_s=cfg.abort_after_s)
-    step_model = load_calibration(cfg.calibration) if cfg.calibration else None
-    world = build_world(world_cfg, step_model=step_model)
+                            abort_probability=cfg.abort_prob, abort_after_s=cfg.abort_after_s, host=cfg.host)
+    if cfg.profile:
+        profile = FittedProfile.load(cfg.profile)
+        profile.check_model(cfg.model)
+        world = profile.world(world_cfg)
+    else:
+        step_model = load_calibration(cfg.calibration) if cfg.calibration else None
+        world = build_world(world_cfg, step_model=step_model)
     recorder = None
     if cfg.perfetto:
         recorder = TraceRecorder()

@@ -32,7 +32,7 @@ from typing import Any
 from simpy.core import EmptySchedule, StopSimulation
 from simpy.events import NORMAL, Event
 
-from openinfer.backend.executor import RowResult, StepPlan, StepResult
+from openinfer.backend.executor import StepPlan, StepResult
 from openinfer.runtime.base import OrderedEnvironment, Runtime
 from openinfer.runtime.ordering import OrderSpec
 from openinfer.runtime.sim import SimRuntime
@@ -120,18 +120,5 @@ class HostHeldExecutor(SimExecutor):
         self.steps += 1
         step = self.steps
         rt.hold(self.step_time(plan))  # type: ignore[attr-defined]
-        self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
-        error = "injected step failure" if step in self.fail_steps else None
-        if error is None and self.step_failure is not None:
-            error = self.step_failure(plan)
-        if error is not None:
-            return StepResult({}, error=error, started_at=started, finished_at=rt.now())
-        rows: dict[int, RowResult] = {}
-        for p in plan.prefill:
-            rows[p.req_id] = RowResult(self._next(p.req_id, p.kv.num_prompt, 0), logprob=-1.0) \
-                if p.is_final else RowResult(None)
-        for d in plan.decode:
-            rows[d.req_id] = RowResult(self._next(d.req_id, d.position + 1, d.position + 1 - d.kv.num_prompt),
-                                       logprob=-1.0)
-        return StepResult(rows, started_at=started, finished_at=rt.now())
+        return self._result(plan, started, step)
         yield  # pragma: no cover - a process that never waits: the step held the host instead

@@ -89,19 +89,14 @@ class FittedProfile:
         (``sim.host_thread``). A held host needs ``transfer="queued"``: the real transfer
         enqueues the DMA when the copy is submitted, and a modelled copy that first waits
         for its own process to run would start late by a step."""
-        from sim.host_thread import HostClockRuntime, HostHeldExecutor
-        from openinfer.runtime import OrderSpec
+        from dataclasses import replace
+
         from sim.world import build_world
-        rt = None
         if self.host_holds_steps:
             require(cfg.transfer == "queued", "world.transfer", cfg.transfer,
                     "queued on a profile whose host holds steps (the DMA starts when it is submitted)")
-            rt = HostClockRuntime(cfg.seed, OrderSpec(cfg.order))
-        w = build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model(), rt=rt)
-        if rt is not None:
-            ex = HostHeldExecutor(rt, w.step_model, vocab_size=w.executor.vocab_size, seed=cfg.seed)
-            w.executor = w.engine.executor = ex
-        return w
+            cfg = replace(cfg, host="held")
+        return build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model())
 
     def check_model(self, model_name: str) -> None:
         require(model_name == self.model, "profile.model", self.model,

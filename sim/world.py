@@ -23,6 +23,7 @@ from sim.client import AbortSpec, Client
 from sim.copy_engine import LinkSpec, ModeledTransfer
 from sim.copy_queue import QueuedTransfer
 from sim.gpu_executor import SimExecutor
+from sim.host_thread import HostClockRuntime, HostHeldExecutor
 from sim.hardware import GiB, HardwareSpec, preset as hardware_preset
 from sim.metrics import cache_summary, status_counts, summarize
 from sim.model_geometry import ModelGeometry, preset as model_preset
@@ -32,6 +33,7 @@ from sim.timeline import TimelineSampler
 from sim.workloads import Workload
 
 TRANSFERS = ("queued", "modeled")
+HOSTS = ("free", "held")
 MIN_BLOCKS = 64  # spec §1.2: num_blocks = max(64, budget / bytes_per_block)
 
 
@@ -59,6 +61,8 @@ class WorldConfig:
     transfer: str = "queued"             # queued (one event per copy) or modeled (a process per copy)
     monitors: bool = True                # safety/liveness invariants on every scheduler pass
     monitor_pool_every: int = 4096       # full pool.check() every N passes (O(pages)); an O(changes) audit runs every pass
+    host: str = "free"                   # held: a step holds the engine's host thread, as the real
+                                         # CUDA executor does (sim/host_thread.py); needs transfer=queued
 
     def __post_init__(self) -> None:
         require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks >= 2),
@@ -69,6 +73,9 @@ class WorldConfig:
         require(self.transfer in TRANSFERS, "world.transfer", self.transfer, f"one of {', '.join(TRANSFERS)}")
         require(isinstance(self.timeline_every, int) and self.timeline_every >= 1, "world.timeline_every",
                 self.timeline_every, "an int >= 1")
+        require(self.host in HOSTS, "world.host", self.host, f"one of {', '.join(HOSTS)}")
+        require(self.host == "free" or self.transfer == "queued", "world.transfer", self.transfer,
+                "queued when world.host=held (the real DMA starts when the copy is submitted)")
 
 
 @dataclass
@@ -114,7 +121,10 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
     v = get_variant(cfg.variant)
     hw = hardware or hardware_preset(cfg.hardware)
     geo = model or model_preset(cfg.model)
-    rt = rt or SimRuntime(cfg.seed, OrderSpec(cfg.order))
+    held = cfg.host == "held"
+    rt = rt or (HostClockRuntime if held else SimRuntime)(cfg.seed, OrderSpec(cfg.order))
+    require(not held or isinstance(rt, HostClockRuntime), "world.host", cfg.host,
+            "free, or a HostClockRuntime passed as rt (a held step holds its runtime's host)")
     if cfg.num_blocks is None:
         sizing = size_pool(hw, geo, cfg.block_size, cfg.max_prefill_tokens)
     else:
@@ -138,7 +148,7 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
     sizing["host_pages"] = host_pages
     store = KvStore(rt, [Rank(pool, host)], v.store_config())
     sm = step_model or RooflineStepModel(geo, hw)
-    executor = SimExecutor(rt, sm, vocab_size=geo.vocab_size, seed=cfg.seed)
+    executor = (HostHeldExecutor if held else SimExecutor)(rt, sm, vocab_size=geo.vocab_size, seed=cfg.seed)
     sched = SchedulerConfig(max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
                             max_context_tokens=cfg.max_context_tokens, prefix_cache=cfg.prefix_cache,
                             role=role, switches=v.scheduler_switches())

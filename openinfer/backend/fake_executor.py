@@ -65,6 +65,11 @@ class FakeExecutor:
         self.steps += 1
         step = self.steps
         yield rt.sleep(self.step_time(plan))
+        return self._result(plan, started, step)
+
+    def _result(self, plan: StepPlan, started: float, step: int) -> StepResult:
+        """The step's answer once its time has passed: an injected failure, or every row's
+        token. Shared by executors that spend the step's time differently."""
         self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
         error = "injected step failure" if step in self.fail_steps else None
         if error is None and self.step_failure is not None:

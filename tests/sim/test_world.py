@@ -4,6 +4,7 @@ same seed gives a byte-identical report."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,30 @@ def test_world_config_errors_name_the_field() -> None:
         WorldConfig(num_blocks=1)
     with pytest.raises(ConfigError, match="variant"):
         build_world(WorldConfig(variant="pr900"))
+
+
+def test_a_held_host_replays_exactly_and_delays_first_tokens() -> None:
+    """world.host=held: each step holds the engine's host thread (the real CUDA executor's
+    behaviour), so work that falls due mid-step waits for the step's end; still exact."""
+    from sim.host_thread import HostClockRuntime, HostHeldExecutor
+    w = build_world(WorldConfig(seed=3, num_blocks=400, host="held"))
+    assert isinstance(w.rt, HostClockRuntime) and isinstance(w.executor, HostHeldExecutor)
+    held = json.loads(_report(3, host="held"))
+    assert _report(3, host="held") == json.dumps(held, sort_keys=True)
+    free = json.loads(_report(3))
+    assert held["metrics"]["mean_ttft_ms"] > free["metrics"]["mean_ttft_ms"]
+    with pytest.raises(ConfigError, match="world.transfer"):
+        WorldConfig(host="held", transfer="modeled")
+    with pytest.raises(ConfigError, match="world.host"):
+        WorldConfig(host="busy")
+
+
+PROFILE = str(Path(__file__).resolve().parents[2] / "conf/profiles/h200_qwen3-4b.yaml")
+
+
+def test_simulate_runs_on_a_fitted_profile() -> None:
+    r = simulate(SimulateConfig(workload="random", num_requests=20, qps=20.0, input_len=200, output_len=10,
+                                profile=PROFILE, timeline=False))
+    assert r["metrics"]["completed"] == 20 and r["config"]["host"] in ("free", "held")
+    with pytest.raises(ConfigError, match="calibration"):
+        SimulateConfig(profile=PROFILE, calibration="x.json")
