@@ -53,15 +53,14 @@ from typing import Any
 
 from openinfer.backend.cuda_executor import StepTiming
 from openinfer.backend.instance import RealConfig, RealInstance, build_real_instance
-from openinfer.errors import ConfigError, require
+from openinfer.errors import require
 from openinfer.scheduler.request import GenerateRequest, RequestHandle
-from sim.arrivals import ArrivalSpec
 from sim.client import Client
-from sim.lengths import LengthDist
 from sim.metrics import cache_summary, status_counts, summarize
 from sim.calibration import features_of
 from sim.step_features import StepFeatures
-from sim.workloads import ChatWorkload, RandomWorkload, Workload
+from sim.workload_spec import workload_from_flat
+from sim.workloads import Workload
 
 PHASES = ("cold", "gpu", "cpu")
 CPU_DEFAULTS = dict(num_blocks=512, block_size=16, host_slots=1024, max_context_tokens=2048,
@@ -69,27 +68,8 @@ CPU_DEFAULTS = dict(num_blocks=512, block_size=16, host_slots=1024, max_context_
 
 
 def make_workload(cfg: dict[str, Any] | None) -> Workload:
-    """A workload from a plain dict (see the module docstring)."""
-    cfg = dict(cfg or {})
-    kind = cfg.pop("kind", "random")
-    cfg.pop("seed", None)
-    rate = cfg.pop("rate", "inf")
-    arrival = ArrivalSpec(rate=math.inf if rate in ("inf", None) else float(rate),
-                          process=cfg.pop("process", "poisson"), cv=float(cfg.pop("cv", 1.0)))
-    if kind == "random":
-        base = dict(num_requests=8, input_len=128, output_len=16, prefix_len=64)
-        base.update(cfg)
-        return RandomWorkload(arrival=arrival, **base)
-    if kind == "chat":
-        base = dict(num_sessions=4, turns=2, system_prompt_len=64, user_len=32, output_len=16,
-                    think_time_s=0.0)
-        base.update(cfg)
-        return ChatWorkload(num_sessions=base["num_sessions"], turns=LengthDist.fixed(base["turns"]),
-                            system_prompt_len=base["system_prompt_len"],
-                            user_len=LengthDist.fixed(base["user_len"]),
-                            output_len=LengthDist.fixed(base["output_len"]),
-                            think_time_s=base["think_time_s"], arrival=arrival)
-    raise ConfigError("workload.kind", kind, "random or chat")
+    """A workload from a plain dict (see the module docstring; ``sim.workload_spec``)."""
+    return workload_from_flat(cfg)
 
 
 def step_features(rec: StepTiming | dict[str, Any]) -> StepFeatures:

@@ -163,8 +163,7 @@ class TokenSink:
     def is_closed(self) -> bool:
         return self.abort_cell.state is not AbortState.NONE
 
-    def is_cancelled(self) -> bool:  # CancelProbe
-        return self.abort_cell.state is not AbortState.NONE
+    is_cancelled = is_closed  # the resolve's CancelProbe asks the same question
 
     def send_token(self, time: float, token: int) -> bool:
         """Deliver one generated token; False once the client has gone."""

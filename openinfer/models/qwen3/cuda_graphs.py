@@ -14,17 +14,16 @@ from collections.abc import Sequence
 
 import torch
 
+from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.errors import require
 from openinfer.models.qwen3.batch import ForwardBatch
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
 
-ENGINE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8) + tuple(range(16, 257, 8))
-
 
 class DecodeGraphs:
     def __init__(self, model: Qwen3Model, arena: KVArena, max_pages_per_seq: int,
-                 buckets: Sequence[int] = ENGINE_BUCKETS, padding_page: int = 0) -> None:
+                 buckets: Sequence[int] = GRAPH_BUCKETS, padding_page: int = 0) -> None:
         require(torch.cuda.is_available() and model.device.type == "cuda", "device",
                 model.device, "a CUDA device (CUDA graphs)")
         require(model.ops.name == "triton", "backend", model.ops.name,
