@@ -263,7 +263,8 @@ def bench(cfg: BenchConfig, log: Any = sys.stderr) -> dict[str, Any]:
             c["sizes"][str(n)] = row
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]
-            c["scaling"] = dict(small=lo, big=hi, ratio=_scaling(c, lo, hi, "median"))
+            c["scaling"] = dict(small=lo, big=hi, ratio=_scaling(c, lo, hi, "median"),
+                                cpu_ratio=_scaling(c, lo, hi, "median", "cpu_s"))
             if cfg.base is not None:
                 c["scaling"]["baseline_ratio"] = _scaling(c, lo, hi, "baseline")
         out["cases"][case] = c
@@ -287,11 +288,11 @@ def source_state() -> dict[str, Any]:
     return dict(commit=head or None, modified=sorted(ln[3:] for ln in st.splitlines() if ln[3:].endswith(".py")))
 
 
-def _scaling(c: dict[str, Any], lo: int, hi: int, side: str) -> float:
+def _scaling(c: dict[str, Any], lo: int, hi: int, side: str, key: str = "wall_s") -> float:
     def per_req(n: int) -> float:
         row = c["sizes"][str(n)]
         med = row["median"] if side == "median" else row["baseline"]["median"]
-        return med["wall_s"] / n
+        return med[key] / n
     return per_req(hi) / per_req(lo)
 
 
@@ -367,7 +368,7 @@ def table(out: dict[str, Any]) -> list[str]:
                  "ru_maxrss, 10^6 bytes")
     sc = [(case, c["scaling"]) for case, c in out["cases"].items() if "scaling" in c]
     if sc:
-        parts = [f"{case} {s['ratio']:.2f} ({s['big']} over {s['small']}"
+        parts = [f"{case} {s['ratio']:.2f} ({s['big']} over {s['small']}; CPU time {s['cpu_ratio']:.2f}"
                  + (f"; baseline {s['baseline_ratio']:.2f})" if "baseline_ratio" in s else ")") for case, s in sc]
         lines.append("scaling, per-request wall cost at the largest size over the smallest (1.00 = linear): "
                      + ", ".join(parts))

@@ -61,7 +61,7 @@ def test_two_sizes_scaling_and_no_ratio_without_baseline(tmp_path: Path) -> None
     assert c["sizes"]["20"]["median"]["runs"] == 2 and c["sizes"]["40"]["median"]["runs"] == 1
     assert "baseline" not in c["sizes"]["20"] and rep["baseline_world"] is None
     s = c["scaling"]
-    assert (s["small"], s["big"]) == (20, 40) and s["ratio"] > 0 and "baseline_ratio" not in s
+    assert (s["small"], s["big"]) == (20, 40) and s["ratio"] > 0 and s["cpu_ratio"] > 0 and "baseline_ratio" not in s
 
 
 @pytest.mark.parametrize("arg, field", [
