@@ -1,7 +1,7 @@
 """Fit the simulator's step-time and copy models to the real executor's timings.
 
     python -m experiments.calibrate steps=results/gpu/steps_fit.jsonl \
-        validate_report=results/gpu/validate_h200.json model=qwen3-0.6b \
+        validate_report=results/gpu/validate_h200_full.json model=qwen3-4b \
         [copies=PATH] [target=wall_s|gpu_s] [out=conf/profiles/NAME.yaml]
 
 ``steps`` (comma-separated for several files) are the JSONL timing records

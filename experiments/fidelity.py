@@ -1,6 +1,6 @@
 """How close the simulator comes to the real executor on a workload it was not fitted to.
 
-    python -m experiments.fidelity served=results/gpu/validate_h200.json [workload=heldout] \
+    python -m experiments.fidelity served=results/gpu/validate_h200_full.json [workload=heldout] \
         profile=conf/profiles/h200_qwen3-4b.yaml [report=results/fidelity_h200.json] [repeat=PATH]
 
 ``served`` is what ``experiments.serve_real.run_served`` wrote on the GPU (its
