@@ -32,7 +32,6 @@ from typing import Any
 from simpy.core import EmptySchedule, StopSimulation
 from simpy.events import NORMAL, Event
 
-from openinfer.backend.executor import StepPlan, StepResult
 from openinfer.runtime.base import OrderedEnvironment, Runtime
 from openinfer.runtime.ordering import OrderSpec
 from openinfer.runtime.sim import SimRuntime
@@ -109,16 +108,10 @@ class HostHeldExecutor(SimExecutor):
             raise TypeError("HostHeldExecutor needs a HostClockRuntime (a step holds its host)")
         super().__init__(rt, *args, **kwargs)
 
-    def execute(self, plan: StepPlan) -> Event:
-        # A process, like CudaExecutor's: what the engine scheduled before the step (the
-        # resolve it just routed, say) runs before the step takes the host.
-        return self.rt.spawn(self._held(plan))
-
-    def _held(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
-        rt = self.rt
-        started = rt.now()
-        self.steps += 1
-        step = self.steps
-        rt.hold(self.step_time(plan))  # type: ignore[attr-defined]
-        return self._result(plan, started, step)
-        yield  # pragma: no cover - a process that never waits: the step held the host instead
+    def _spend(self, seconds: float) -> Generator[Event, Any, None]:
+        """Hold the host for the step: what falls due meanwhile runs when the step ends. The
+        step is still a process (``execute``), like CudaExecutor's, so what the engine
+        scheduled before it (the resolve it just routed, say) runs before it takes the host."""
+        self.rt.hold(seconds)  # type: ignore[attr-defined]
+        return
+        yield  # pragma: no cover - a generator that never waits: the host was held instead

@@ -64,8 +64,12 @@ class FakeExecutor:
         started = rt.now()
         self.steps += 1
         step = self.steps
-        yield rt.sleep(self.step_time(plan))
+        yield from self._spend(self.step_time(plan))
         return self._result(plan, started, step)
+
+    def _spend(self, seconds: float) -> Generator[Event, Any, None]:
+        """Let the step's time pass: here, sleep through it (the host is free meanwhile)."""
+        yield self.rt.sleep(seconds)
 
     def _result(self, plan: StepPlan, started: float, step: int) -> StepResult:
         """The step's answer once its time has passed: an injected failure, or every row's
