@@ -12,6 +12,9 @@ decode step under ``torch.profiler`` (graph replays; an eager step where CUPTI s
 and sums their device time. ``--sweep`` times the skinny-GEMM and split-KV decode
 configurations against cuBLAS on the Qwen3-4B shapes (CUDA graphs over rotating weight
 copies, so L2 holds none of them). ``--tests`` runs ``pytest tests/models`` on the GPU.
+Every worker first times one eager unified step (a 182-token chunk behind 512 cached
+tokens plus 8 decode rows at 1k context: wall, launch, CUDA-event and kernel time);
+``EAGER_ONLY=1`` stops there, for the eager-step comparison of old and new kernels.
 Results: ``$OUT/decode_bench.json`` and ``$OUT/decode_bench.log``; the table prints last.
 
 Weights are random (N(0, 1/fan_in), norms 1 + 0.1 N) drawn on the GPU and assembled by the
@@ -114,6 +117,60 @@ def kernels_per_step(pack: Any, context: int = 4096, steps: int = 5) -> dict[str
                      for t, c, n in top[:25]])
 
 
+def eager_step(pack: Any, prefill: int = 182, cached: int = 512, decode_rows: int = 8,
+               context: int = 1000, repeats: int = 20) -> dict[str, Any]:
+    """One eager (not graph-replayed) unified step, the shape served chat runs most: a
+    prefill chunk behind a cached prefix plus a few decode rows. Wall and CUDA-event time,
+    the host's launch time (call to return, before the sync), and the kernels under the
+    profiler: a step whose launch time is its wall time is host-bound."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from experiments.validate.bench import fill_random
+    from openinfer.models.qwen3 import ForwardBatch, Qwen3Model, SeqInput
+    bs = 16
+    model = Qwen3Model(pack.cfg, pack.weights, "triton")
+    pp = -(-(cached + prefill) // bs)
+    pd = -(-(context + 1) // bs)
+    arena = model.make_arena(1 + pp + decode_rows * pd, bs)
+    fill_random(arena.data, 5)
+    arena.data[0].zero_()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, pack.cfg.vocab_size, (prefill,), generator=g).tolist()
+    seqs = [SeqInput(ids, cached, list(range(1, 1 + pp)))]
+    for r in range(decode_rows):
+        seqs.append(SeqInput([11 + r], context, list(range(1 + pp + r * pd, 1 + pp + (r + 1) * pd))))
+    batch = ForwardBatch.from_seqs(seqs, bs, pack.device)
+    for _ in range(3):
+        model.forward(batch, arena)
+    torch.cuda.synchronize()
+    wall, launch, gpu = [], [], []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        a.record()
+        model.forward(batch, arena)
+        t1 = time.perf_counter()
+        b.record()
+        torch.cuda.synchronize()
+        wall.append(time.perf_counter() - t0)
+        launch.append(t1 - t0)
+        gpu.append(a.elapsed_time(b) / 1e3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.forward(batch, arena)
+        torch.cuda.synchronize()
+    ev = _kernel_events(prof)
+    by_name: dict[str, list[float]] = {}
+    for name, us in ev:
+        by_name.setdefault(name, []).append(us)
+    top = sorted(((sum(v), len(v), n) for n, v in by_name.items()), reverse=True)
+    med = statistics.median
+    del arena
+    return dict(prefill=prefill, cached=cached, decode_rows=decode_rows, context=context,
+                wall_ms=med(wall) * 1e3, launch_ms=med(launch) * 1e3, gpu_ms=med(gpu) * 1e3,
+                kernels=len(ev), kernel_us=sum(us for _, us in ev),
+                top=[dict(name=n[:100], us=round(t, 1), launches=c) for t, c, n in top[:15]])
+
+
 def check_against_reference(pack: Any) -> dict[str, Any]:
     """Triton vs reference backend on the same weights: a 2-sequence prefill (37 and 21
     tokens) and one decode step, logits compared (bf16, so a relative error, not zero)."""
@@ -144,6 +201,14 @@ def worker(label: str, out: Path) -> None:
     res: dict[str, Any] = dict(label=label, package=str(Path(openinfer.__file__).parent))
     pack = random_pack("4b")
     spec = BenchSpec()
+    res["eager"] = eager_step(pack)
+    e = res["eager"]
+    log(f"{label}: eager unified step wall {e['wall_ms']:.2f} ms, launch {e['launch_ms']:.2f} ms, "
+        f"gpu {e['gpu_ms']:.2f} ms, {e['kernels']} kernels, {e['kernel_us']:.0f} us kernel time; "
+        f"top {e['top'][:6]}")
+    if os.environ.get("EAGER_ONLY") == "1":
+        (out / f"worker_{label}.json").write_text(json.dumps(res, indent=1))
+        return
     res["copy"] = copy_bandwidth("cuda", spec.copy_mib, spec.repeats)
     log(f"{label}: copy {res['copy']['bytes_per_s'] / 1e12:.2f} TB/s")
     res["decode"] = bench_decode(pack, spec, res["copy"]["bytes_per_s"])
