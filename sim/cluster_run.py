@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from openinfer.errors import require
+from sim.gc_tuning import relaxed_gc
 from sim.client import AbortSpec, Client
 from sim.cluster import Cluster
 from sim.faults import FaultHook, FaultSpec, last_heal
@@ -105,10 +106,11 @@ def run_cluster(cluster: Cluster, workload: Workload, faults: Sequence[PlacedFau
     rt.spawn(workload.run(rt, client))
     violation: dict[str, Any] | None = None
     try:
-        while not client.all_done.triggered and rt.now() < wc.max_sim_s:
-            rt.run(until=rt.any_of([client.all_done, rt.sleep(min(chunk_s, wc.max_sim_s - rt.now()))]))
-            if on_progress is not None:
-                on_progress(rt.now(), len(client.records), client.sent)
+        with relaxed_gc():
+            while not client.all_done.triggered and rt.now() < wc.max_sim_s:
+                rt.run(until=rt.any_of([client.all_done, rt.sleep(min(chunk_s, wc.max_sim_s - rt.now()))]))
+                if on_progress is not None:
+                    on_progress(rt.now(), len(client.records), client.sent)
         if client.all_done.triggered:
             # A Finished can precede its last save's D2H and registration: let every store
             # settle (as run_world does), for at most settle_s, before quiescence is judged.

@@ -24,6 +24,7 @@ from sim.copy_engine import LinkSpec, ModeledTransfer
 from sim.copy_queue import QueuedTransfer
 from sim.gpu_executor import SimExecutor
 from sim.host_thread import HostClockRuntime, HostHeldExecutor
+from sim.gc_tuning import relaxed_gc
 from sim.hardware import GiB, HardwareSpec, preset as hardware_preset
 from sim.metrics import cache_summary, status_counts, summarize
 from sim.model_geometry import ModelGeometry, preset as model_preset
@@ -176,7 +177,8 @@ def run_world(w: World, workload: Workload, client: Client | None = None) -> dic
         if w.config.monitors else None
     violation = None
     try:
-        rt.run(until=rt.any_of([client.all_done, guard]))
+        with relaxed_gc():
+            rt.run(until=rt.any_of([client.all_done, guard]))
         if monitor is not None and client.all_done.triggered:
             # The last request's Finished can precede its last save's D2H: let the copies
             # land (a flush barrier) before quiescence is judged, or every run whose final

@@ -105,3 +105,15 @@ def test_simulate_runs_on_a_fitted_profile() -> None:
     assert r["metrics"]["completed"] == 20 and r["config"]["host"] in ("free", "held")
     with pytest.raises(ConfigError, match="calibration"):
         SimulateConfig(profile=PROFILE, calibration="x.json")
+
+
+def test_a_run_relaxes_the_garbage_collector_and_restores_it() -> None:
+    import gc
+
+    from sim.gc_tuning import RUN_THRESHOLDS, relaxed_gc
+    before = gc.get_threshold()
+    with relaxed_gc():
+        assert all(t >= r for t, r in zip(gc.get_threshold(), RUN_THRESHOLDS))
+    assert gc.get_threshold() == before
+    _report(1)
+    assert gc.get_threshold() == before
