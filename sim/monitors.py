@@ -36,6 +36,9 @@ INVARIANTS = (
 )
 
 
+_MIN_SAVES_PRUNE = 1024  # the save list is pruned when it doubles, and not below this
+
+
 def _failed(rec: Any) -> bool:
     """A save that ended in a reported failure (copy error, dropped or failed registration):
     no barrier can make it visible; the request that sealed it answers for it."""
@@ -98,6 +101,7 @@ class Monitor:
         self._ticks = 0
         self._last_note = ""
         self._saves: list[Any] = []
+        self._prune_saves_at = _MIN_SAVES_PRUNE
         self._instant = -1.0
         self._at_instant = 0
         self._repeats = 0
@@ -290,6 +294,11 @@ class Monitor:
     def on_store(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "save_submitted":
             self._saves.append(data["record"])
+            if len(self._saves) >= self._prune_saves_at:
+                # Without barriers (a mixed or decode role) nothing else prunes the list;
+                # dropping the saves already visible or failed keeps it to those in flight.
+                self._prune_saves()
+                self._prune_saves_at = max(_MIN_SAVES_PRUNE, 2 * len(self._saves))
         elif kind == "barrier_done":
             self._check_barrier(data["outcome"])
         elif kind == "load_started":
@@ -298,9 +307,13 @@ class Monitor:
                 self.fail("resolve_observes_cancel",
                           f"r{r.id}'s resolve started a {data['blocks']}-block load after its cancel")
 
+    def _prune_saves(self) -> None:
+        """Keep only the saves a later barrier could still wrongly vouch for."""
+        self._saves = [r for r in self._saves if r.registered_at is None and not _failed(r)]
+
     def _check_barrier(self, outcome: Any) -> None:
         """A barrier that says ok vouches for every save submitted before it started."""
-        self._saves = [r for r in self._saves if r.registered_at is None and not _failed(r)]
+        self._prune_saves()
         if not outcome.ok:
             return
         late = [r for r in self._saves if r.submitted_at <= outcome.started_at]
