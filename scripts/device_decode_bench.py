@@ -69,11 +69,29 @@ def _kernel_events(prof) -> list[tuple[str, float]]:
     return out
 
 
+def _profiled(fn: Callable[[], Any], steps: int) -> list[tuple[str, float]]:
+    """Kernel (name, us) events of ``steps`` calls of ``fn`` under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    return _kernel_events(prof)
+
+
+def _by_kernel(ev: list[tuple[str, float]], steps: int) -> list[tuple[float, float, str]]:
+    """(us per step, launches per step, name) per kernel name, most time first."""
+    by_name: dict[str, list[float]] = {}
+    for name, us in ev:
+        by_name.setdefault(name, []).append(us)
+    return sorted(((sum(v) / steps, len(v) / steps, n) for n, v in by_name.items()), reverse=True)
+
+
 def kernels_per_step(pack: Any, context: int = 4096, steps: int = 5) -> dict[str, Any]:
     """Kernels in one bs-1 decode step and their summed device time, from graph replays;
     and the replayed logits against the reference backend's on the same (random) KV."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
     from experiments.validate.bench import fill_random
     from openinfer.models.qwen3 import ForwardBatch, Qwen3Model, SeqInput
     from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
@@ -90,22 +108,11 @@ def kernels_per_step(pack: Any, context: int = 4096, steps: int = 5) -> dict[str
     graphs.run(batch)
     torch.cuda.synchronize()
     source = "graph replay"
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            graphs.run(batch)
-        torch.cuda.synchronize()
-    ev = _kernel_events(prof)
+    ev = _profiled(lambda g=graphs: g.run(batch), steps)
     if not ev:                                    # CUPTI showed no graph kernels: eager
         source = "eager forward"
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                model.forward(batch, arena)
-            torch.cuda.synchronize()
-        ev = _kernel_events(prof)
-    by_name: dict[str, list[float]] = {}
-    for name, us in ev:
-        by_name.setdefault(name, []).append(us)
-    top = sorted(((sum(v) / steps, len(v) / steps, n) for n, v in by_name.items()), reverse=True)
+        ev = _profiled(lambda a=arena: model.forward(batch, a), steps)
+    top = _by_kernel(ev, steps)
     got = graphs.run(batch).clone()
     ref = Qwen3Model(pack.cfg, pack.weights, "reference").forward(batch, arena)
     check = dict(max_abs=(got - ref).abs().max().item(), ref_std=ref.std().item(),
@@ -124,7 +131,6 @@ def eager_step(pack: Any, prefill: int = 182, cached: int = 512, decode_rows: in
     the host's launch time (call to return, before the sync), and the kernels under the
     profiler: a step whose launch time is its wall time is host-bound."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
     from experiments.validate.bench import fill_random
     from openinfer.models.qwen3 import ForwardBatch, Qwen3Model, SeqInput
     bs = 16
@@ -155,14 +161,8 @@ def eager_step(pack: Any, prefill: int = 182, cached: int = 512, decode_rows: in
         wall.append(time.perf_counter() - t0)
         launch.append(t1 - t0)
         gpu.append(a.elapsed_time(b) / 1e3)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model.forward(batch, arena)
-        torch.cuda.synchronize()
-    ev = _kernel_events(prof)
-    by_name: dict[str, list[float]] = {}
-    for name, us in ev:
-        by_name.setdefault(name, []).append(us)
-    top = sorted(((sum(v), len(v), n) for n, v in by_name.items()), reverse=True)
+    ev = _profiled(lambda a=arena: model.forward(batch, a), 1)
+    top = _by_kernel(ev, 1)
     med = statistics.median
     del arena
     return dict(prefill=prefill, cached=cached, decode_rows=decode_rows, context=context,
