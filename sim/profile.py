@@ -86,15 +86,11 @@ class FittedProfile:
     def world(self, cfg: WorldConfig, *, model: ModelGeometry | None = None) -> World:
         """A simulated instance on this profile: its copy links and step model, and, when the
         host holds steps, the host-clock runtime and an executor that holds it
-        (``sim.host_thread``). A held host needs ``transfer="queued"``: the real transfer
-        enqueues the DMA when the copy is submitted, and a modelled copy that first waits
-        for its own process to run would start late by a step."""
-        from dataclasses import replace
-
+        (``sim.host_thread``). A held host needs ``transfer="queued"`` (WorldConfig checks
+        it): the real transfer enqueues the DMA when the copy is submitted, and a modelled
+        copy that first waits for its own process to run would start late by a step."""
         from sim.world import build_world
         if self.host_holds_steps:
-            require(cfg.transfer == "queued", "world.transfer", cfg.transfer,
-                    "queued on a profile whose host holds steps (the DMA starts when it is submitted)")
             cfg = replace(cfg, host="held")
         return build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model())
 
