@@ -88,6 +88,7 @@ class FakeExecutor:
                 rows[p.req_id] = RowResult(None)
         # The decode rows are a simulation's hot loop (one per row per token): ``_next`` and
         # ``token`` unrolled, same arithmetic.
+        # _splitmix64 is inlined too: a call per row cost more than its arithmetic.
         stop, eos, vocab, high = self.stop_after, self.eos_token, self.vocab_size, self.seed << 42
         for d in plan.decode:
             rid = d.req_id
@@ -95,7 +96,10 @@ class FakeExecutor:
             if stop and stop.get(rid) == position - d.kv.num_prompt:
                 tok = eos
             else:
-                tok = _splitmix64(high ^ (rid << 21) ^ position) % vocab
+                x = ((high ^ (rid << 21) ^ position) + 0x9E3779B97F4A7C15) & _MASK64
+                x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+                x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+                tok = (x ^ (x >> 31)) % vocab
                 if tok == eos:
                     tok = (tok + 1) % vocab
             rows[rid] = RowResult(tok, -1.0)

@@ -379,9 +379,10 @@ class Engine:
         only the bookkeeping is cheaper: time is read once (it cannot move inside a pass),
         rows pair with ``self.active`` by position when build_step made them in that order
         (checked per row, else looked up by id), and ``seal`` is called only when the row's
-        decode completed a block — seal saves ``kv.pages[cursor.saved_blocks:kv.registered]``
-        and every earlier seal of this request left ``saved_blocks >= registered``, so with
-        ``registered`` unchanged it would return 0 without touching anything.
+        decode completed a block (``apply_decode`` says so) — seal saves
+        ``kv.pages[cursor.saved_blocks:kv.registered]`` and every earlier seal of this
+        request left ``saved_blocks >= registered``, so with ``registered`` unchanged it
+        would return 0 without touching anything. ``kv.max_tokens`` is the request's.
         """
         eos = self.executor.eos_token
         now = self.rt.now()
@@ -390,6 +391,7 @@ class Engine:
         paired = len(active) == len(plan.decode)
         active_by_id: dict[int, ActiveRequest] | None = None
         seal, rank, cacheable = self.store.seal, self.rank, SaveClass.CACHEABLE
+        add = keep.append
         for i, row in enumerate(plan.decode):
             rid = row.req_id
             if paired and active[i].id == rid:
@@ -401,16 +403,14 @@ class Engine:
             tok = rows[rid].token
             assert tok is not None
             kv = a.kv
-            registered = kv.registered
-            kv.apply_decode(tok)
-            if kv.registered != registered:
+            if kv.apply_decode(tok):
                 seal(rank, kv, a.cursor, cacheable)
             completion = a.generated + 1
             if tok == eos and not a.req.params.ignore_eos:
                 finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at),
                                        a.cursor))
                 self._drop_active(a)
-            elif completion >= a.req.max_tokens:
+            elif completion >= kv.max_tokens:
                 a.sink.send_token(now, tok)
                 finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at),
                                        a.cursor))
@@ -420,7 +420,7 @@ class Engine:
             else:
                 a.generated = completion
                 a.last_token = tok
-                keep.append(a)
+                add(a)
 
     def _finished(self, rid: int, reason: FinishReason, completion: int, queued_at: float) -> RequestEvent:
         return RequestEvent(EventKind.FINISHED, rid, self.rt.now(), reason=reason,

@@ -89,6 +89,9 @@ class AbortState(Enum):
     DISCONNECTED = "disconnected"
 
 
+_NOT_ABORTED = AbortState.NONE  # read per token: a plain name, not an Enum attribute lookup
+
+
 class AbortCell:
     """A request's abort state, apart from its sink: an observer that must know, long after
     the request ended, whether its client went away can keep this (a few bytes) instead of
@@ -100,7 +103,7 @@ class AbortCell:
         self.state = AbortState.NONE
 
     def is_closed(self) -> bool:
-        return self.state is not AbortState.NONE
+        return self.state is not _NOT_ABORTED
 
 
 class TokenSink:
@@ -161,13 +164,13 @@ class TokenSink:
         return list(self._run_tokens)
 
     def is_closed(self) -> bool:
-        return self.abort_cell.state is not AbortState.NONE
+        return self.abort_cell.state is not _NOT_ABORTED
 
     is_cancelled = is_closed  # the resolve's CancelProbe asks the same question
 
     def send_token(self, time: float, token: int) -> bool:
         """Deliver one generated token; False once the client has gone."""
-        if self.abort_cell.state is not AbortState.NONE:
+        if self.abort_cell.state is not _NOT_ABORTED:
             return False
         if self.on_event is not None or self._waiters:
             return self.send(RequestEvent(EventKind.TOKEN, self.req_id, time, token))
@@ -179,7 +182,7 @@ class TokenSink:
 
     def send(self, event: RequestEvent) -> bool:
         """Deliver an event; False once the client has gone (the engine drops the request)."""
-        if self.abort_cell.state is not AbortState.NONE:
+        if self.abort_cell.state is not _NOT_ABORTED:
             return False
         if event.kind is EventKind.TOKEN:
             self.events.append(event)  # after the run, in order
