@@ -210,3 +210,60 @@ def test_add_rms_norm_takes_parts(device, splits):
     ref, ref_res = R.add_rms_norm(R.merge_parts(parts, res.dtype), res, w, 1e-6)
     assert (new_res - ref_res).abs().max() <= FP32_ATOL
     assert (out - ref).abs().max() <= FP32_ATOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,split", [(1, 1), (5, 3), (16, 2)])
+def test_skinny_add_norm_feeds_the_next_projection(device, dtype, m, split):
+    """Decode's fused layer tail: the projection's epilogue adds the residual (in place,
+    with per-tile sums of squares) and the next projection applies the RMSNorm as it
+    loads its input. Linear, gated and fp32-logits consumers match the unfused kernels
+    (projection, then the add + RMSNorm kernel, then the consumer); the residual matches
+    bit for bit, and in fp32 everything matches the torch reference too. (bf16 is
+    compared kernel to kernel: the interpreter rounds fp32 -> bf16 toward zero, torch to
+    nearest, and a biased 1-ulp error grows through the next product.)"""
+    from openinfer.models.qwen3.kernels._arrivals import arrival_counters
+    k, n = 40, 50                                    # a partial N tile and a partial K tile
+    x = torch.randn(m, k, device=device).to(dtype)
+    w = torch.randn(n, k, device=device).to(dtype)
+    residual = torch.randn(m, n, device=device).to(dtype)
+    nw = (1 + 0.1 * torch.randn(n, device=device)).to(dtype)
+    split_cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split)
+    want_x, want_res = K.rms_norm(K.skinny_linear(x, w, cfg=split_cfg), nw, 1e-6,
+                                  residual=residual)
+    res = residual.clone()
+    normed = K.skinny_linear_add_norm(x, w, res, nw, 1e-6, cfg=split_cfg)
+    assert normed.s is res
+    assert torch.equal(res, want_res)
+    cfg = K.SkinnyConfig(block_n=16, block_k=16)
+    w2 = torch.randn(24, n, device=device).to(dtype)
+    wg = torch.randn(2 * 24, n, device=device).to(dtype)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    got = {"linear": R.merge_parts(K.skinny_linear(normed, w2, cfg=cfg), dtype),
+           "gated": K.skinny_gated(normed, wg, cfg=cfg),
+           "logits": K.skinny_linear(normed, w2, out_dtype=torch.float32, cfg=cfg)[0]}
+    want = {"linear": R.merge_parts(K.skinny_linear(want_x, w2, cfg=cfg), dtype),
+            "gated": K.skinny_gated(want_x, wg, cfg=cfg),
+            "logits": K.skinny_linear(want_x, w2, out_dtype=torch.float32, cfg=cfg)[0]}
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], **tol, msg=name)
+    if dtype == torch.float32:
+        ref_x, ref_res = R.add_rms_norm(F.linear(x, w), residual, nw, 1e-6)
+        torch.testing.assert_close(res, ref_res, **_tol(dtype))
+        torch.testing.assert_close(got["linear"], F.linear(ref_x, w2), **_tol(dtype))
+        torch.testing.assert_close(got["gated"], R.silu_mul(F.linear(ref_x, wg)), **_tol(dtype))
+    assert not arrival_counters(torch.device(device), 1).any(), "counters left non-zero"
+
+
+def test_decode_attention_leaves_counters_zero(device):
+    """The split that merges resets its arrival counter: a second launch (the next layer)
+    merges again, and gives the same answer."""
+    from openinfer.models.qwen3.kernels._arrivals import arrival_counters
+    seqs = [(30, 1), (9, 1)]
+    arena = _arena(device, 4)
+    bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=1)
+    q = torch.randn(T, HQ, D, device=device)
+    first = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=4, block_n=16)
+    second = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=4, block_n=16)
+    assert torch.equal(first, second)
+    assert not arrival_counters(torch.device(device), 1).any()

@@ -59,18 +59,20 @@ class Qwen3Model:
         new tokens with ``all_logits``), in fp32. Writes the new K/V into ``arena``.
 
         Each projection's residual add is fused with the RMSNorm that follows it (the
-        next layer's input norm, or the final norm after the last layer)."""
+        next layer's input norm, or the final norm after the last layer); in a decode
+        batch the backend may fold both into the projections (``ops.linear_add_norm``)."""
         self._check_arena(arena)
         eps, layers = self.cfg.rms_norm_eps, self.w.layers
         residual = F.embedding(batch.input_ids, self.w.embed_tokens)
         x = self.ops.rms_norm(residual, layers[0].input_norm, eps)
+        fuse = batch.is_decode
         for i, lw in enumerate(layers):
             attn = self._attention(i, lw, x, batch, arena)
-            x, residual = self.ops.add_rms_norm(self.ops.linear(attn, lw.o_proj), residual,
-                                                lw.post_norm, eps)
+            x, residual = self.ops.linear_add_norm(attn, lw.o_proj, residual, lw.post_norm,
+                                                   eps, fuse)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.norm
-            down = self.ops.linear(self.ops.gate_up_silu(x, lw.gate_up_proj), lw.down_proj)
-            x, residual = self.ops.add_rms_norm(down, residual, next_norm, eps)
+            x, residual = self.ops.linear_add_norm(self.ops.gate_up_silu(x, lw.gate_up_proj),
+                                                   lw.down_proj, residual, next_norm, eps, fuse)
         if not (all_logits or batch.is_decode):   # decode: every row is a last token
             x = x.index_select(0, batch.last_token_index)
         return self.ops.lm_head(x, self.w.lm_head)

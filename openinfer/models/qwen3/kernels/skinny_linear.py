@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer.models.qwen3.kernels._arrivals import arrival_counters, arrive
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
@@ -35,10 +36,51 @@ MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
 
 
 @triton.jit
+def _load_x(x_rows, offs_k, k_mask, m_mask, nw_ptr, inv, NORMED: tl.constexpr,
+            dt: tl.constexpr):
+    """One K tile of the input rows; ``NORMED``: the rows are a residual sum ``s`` and the
+    tile is ``RMSNorm(s)`` (``inv`` = each row's 1 / rms), rounded where HF rounds it."""
+    x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    if NORMED:
+        nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        x = (nw[None, :] * (x.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)).to(dt)
+    return x
+
+
+@triton.jit
+def _add_norm_epilogue(acc, y_ptr, r_ptr, sq_ptr, cnt_ptr, pid_n, offs_m, offs_n, m_mask,
+                       n_mask, s_ys, s_ym, s_rm, s_sqm, SPLIT_K: tl.constexpr,
+                       dt: tl.constexpr):
+    """The residual add of the RMSNorm that follows this projection, done by the last
+    split of each N tile: ``s = residual + product`` (in place) and the tile's share of
+    each row's sum of squares, which the consumer's ``NORMED`` input completes."""
+    mask = m_mask[:, None] & n_mask[None, :]
+    last = True
+    if SPLIT_K > 1:
+        tl.store(y_ptr + tl.program_id(1) * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
+                 acc, mask=mask)
+        last = arrive(cnt_ptr + pid_n, SPLIT_K)
+    if last:
+        if SPLIT_K > 1:
+            ptrs = y_ptr + offs_m[:, None] * s_ym + offs_n[None, :]
+            acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+            for p in tl.static_range(1, SPLIT_K):
+                acc += tl.load(ptrs + p * s_ys, mask=mask, other=0.0, cache_modifier=".cg")
+        r_ptrs = r_ptr + offs_m[:, None] * s_rm + offs_n[None, :]
+        r = tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+        s_new = (r + acc.to(dt).to(tl.float32)).to(dt)
+        tl.store(r_ptrs, s_new, mask=mask)
+        sf = tl.where(mask, s_new.to(tl.float32), 0.0)
+        tl.store(sq_ptr + offs_m * s_sqm + pid_n, tl.sum(sf * sf, axis=1), mask=m_mask)
+
+
+@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
-                   GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr, PDL: tl.constexpr):
+                   sq_in_ptr, s_sqi, tiles_in, nw_ptr, eps, r_ptr, s_rm, sq_out_ptr, s_sqo,
+                   cnt_ptr, GATED: tl.constexpr, ROUND: tl.constexpr, NORMED: tl.constexpr,
+                   ADD_NORM: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -49,6 +91,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_rows = x_ptr + offs_m[:, None] * s_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn
+    dt = w_ptr.dtype.element_ty
     # The first W tile is read before waiting on the previous kernel (weights are never
     # written during a step), so the stream of W starts while that kernel drains.
     # (Names differ from the loop's so that no tile becomes a loop-carried value.)
@@ -60,7 +103,13 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
     if GATED:
         w_up0 = tl.load(w_rows + N * s_wn + offs_k0[None, :], mask=w_mask0, other=0.0)
     pdl_wait(PDL)
-    x0 = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & k_mask0[None, :], other=0.0)
+    inv = tl.zeros([BLOCK_M], tl.float32)
+    if NORMED:      # each row's 1 / rms from the producer's per-tile sums of squares
+        offs_t = tl.arange(0, BLOCK_T)
+        sq = tl.load(sq_in_ptr + offs_m[:, None] * s_sqi + offs_t[None, :],
+                     mask=m_mask[:, None] & (offs_t < tiles_in)[None, :], other=0.0)
+        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps)
+    x0 = _load_x(x_rows, offs_k0, k_mask0, m_mask, nw_ptr, inv, NORMED, dt)
     acc = mma(x0, tl.trans(w0), DOT_PREC, UPCAST)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if GATED:
@@ -68,25 +117,27 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
-        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                    other=0.0)
+        x = _load_x(x_rows, offs_k, k_mask, m_mask, nw_ptr, inv, NORMED, dt)
         w_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
         acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
         if GATED:
             w_up = tl.load(w_rows + N * s_wn + offs_k[None, :], mask=w_mask, other=0.0)
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
-    dt = w_ptr.dtype.element_ty
-    if GATED:
-        gate = acc.to(dt).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        out = (act * acc_up.to(dt).to(tl.float32)).to(dt)
-    elif ROUND:
-        out = acc.to(dt)
+    if ADD_NORM:
+        _add_norm_epilogue(acc, y_ptr, r_ptr, sq_out_ptr, cnt_ptr, pid_n, offs_m, offs_n,
+                           m_mask, n_mask, s_ys, s_ym, s_rm, s_sqo, SPLIT_K, dt)
     else:
-        out = acc
-    tl.store(y_ptr + split * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
-             out.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+        if GATED:
+            gate = acc.to(dt).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+            out = (act * acc_up.to(dt).to(tl.float32)).to(dt)
+        elif ROUND:
+            out = acc.to(dt)
+        else:
+            out = acc
+        tl.store(y_ptr + split * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
+                 out.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @dataclass(frozen=True)
@@ -128,42 +179,89 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
-            cfg: SkinnyConfig) -> None:
-    M, K = x.shape
-    assert M <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
+@dataclass(frozen=True)
+class NormedRows:
+    """The input of a projection that starts with an RMSNorm: the rows ``s`` (the residual
+    stream after the previous projection's add), per-tile sums of their squares, and the
+    norm's weight. ``RMSNorm(s)`` is computed where the consumer loads its K tiles, so the
+    norm costs no launch of its own (``skinny_linear_add_norm`` makes these)."""
+
+    s: torch.Tensor          # [M, K], the model dtype
+    sumsq: torch.Tensor      # [M, tiles] fp32
+    weight: torch.Tensor     # [K]
+    eps: float
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.s.shape
+
+
+def _launch(x: torch.Tensor | NormedRows, w: torch.Tensor, y: torch.Tensor, n: int,
+            gated: bool, cfg: SkinnyConfig, add_norm: tuple[torch.Tensor, torch.Tensor,
+                                                             torch.Tensor] | None = None) -> None:
+    """``add_norm``: (residual, sumsq out, counters) of the ``ADD_NORM`` epilogue."""
+    normed = isinstance(x, NormedRows)
+    rows = x.s if normed else x
+    M, K = rows.shape
+    assert M <= MAX_ROWS and rows.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
     per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    _skinny_kernel[grid](x, w, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
-                         y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
-                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+    sq_in, nw, eps = (x.sumsq, x.weight, x.eps) if normed else (y, y, 0.0)
+    res, sq_out, cnt = add_norm if add_norm is not None else (y, y, y)
+    _skinny_kernel[grid](rows, w, y, M, n, K, per_split, rows.stride(0), w.stride(0),
+                         y.stride(0), y.stride(1), sq_in, sq_in.stride(0),
+                         sq_in.shape[1] if normed else 0, nw, eps, res, res.stride(0),
+                         sq_out, sq_out.stride(0), cnt, GATED=gated,
+                         ROUND=cfg.split_k == 1, NORMED=normed, ADD_NORM=add_norm is not None,
+                         SPLIT_K=cfg.split_k, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
+                         BLOCK_K=cfg.block_k,
+                         BLOCK_T=triton.next_power_of_2(sq_in.shape[1]) if normed else 1,
                          DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
                          num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                         **pdl_args(x.device))
+                         **pdl_args(w.device))
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
+def skinny_linear(x: torch.Tensor | NormedRows, w: torch.Tensor,
+                  out_dtype: torch.dtype | None = None,
                   cfg: SkinnyConfig | None = None) -> torch.Tensor:
-    """``x [M, K]`` (M <= 16), ``w [N, K]`` -> parts ``[S, M, N]`` (module docstring).
-    An ``out_dtype`` (the logits' fp32) asks for the finished product: no split-K."""
+    """``x [M, K]`` (M <= 16) or ``NormedRows``, ``w [N, K]`` -> parts ``[S, M, N]``
+    (module docstring). An ``out_dtype`` (the logits' fp32) asks for the finished
+    product: no split-K."""
     N, K = w.shape
-    cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(x.device))
+    cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(w.device))
     assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
     dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
-    y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
+    y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=w.device)
     _launch(x, w, y, N, False, cfg)
     return y
 
 
-def skinny_gated(x: torch.Tensor, w: torch.Tensor,
+def skinny_linear_add_norm(x: torch.Tensor | NormedRows, w: torch.Tensor,
+                           residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                           cfg: SkinnyConfig | None = None) -> NormedRows:
+    """``residual += x @ w^T`` in place, returned as the ``NormedRows`` input of the next
+    projection, whose RMSNorm (weight ``norm_weight``) it carries."""
+    N, K = w.shape
+    assert residual.shape == (x.shape[0], N) and residual.stride(-1) == 1
+    cfg = cfg or default_config(N, K, False, True, sm_count(w.device))
+    tiles = triton.cdiv(N, cfg.block_n)
+    y = torch.empty((cfg.split_k, x.shape[0], N) if cfg.split_k > 1 else (1, 1, 1),
+                    dtype=torch.float32, device=w.device)
+    sumsq = torch.empty((x.shape[0], tiles), dtype=torch.float32, device=w.device)
+    cnt = arrival_counters(w.device, tiles)
+    _launch(x, w, y, N, False, cfg, add_norm=(residual, sumsq, cnt))
+    return NormedRows(residual, sumsq, norm_weight, eps)
+
+
+def skinny_gated(x: torch.Tensor | NormedRows, w: torch.Tensor,
                  cfg: SkinnyConfig | None = None) -> torch.Tensor:
-    """``x [M, K]`` (M <= 16), ``w = [gate; up] [2I, K]`` -> ``silu(x g^T) * (x u^T)``
-    ``[M, I]`` in the weight dtype."""
+    """``x [M, K]`` (M <= 16) or ``NormedRows``, ``w = [gate; up] [2I, K]`` ->
+    ``silu(x g^T) * (x u^T)`` ``[M, I]`` in the weight dtype."""
     two_i, K = w.shape
     assert two_i % 2 == 0
     n = two_i // 2
-    cfg = cfg or default_config(n, K, True, False, sm_count(x.device))
+    cfg = cfg or default_config(n, K, True, False, sm_count(w.device))
     assert cfg.split_k == 1, "a gated product cannot split K"
-    y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=x.device)
+    y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=w.device)
     _launch(x, w, y, n, True, cfg)
     return y[0]
