@@ -45,6 +45,19 @@ from openinfer.runtime import Runtime
 
 QWEN3_EOS = 151645  # <|im_end|>
 
+# Steps run once before serving, each a tuple of (new tokens, cached tokens) per sequence:
+# between them they reach every kernel specialisation a served run does (Triton compiles
+# one per row count that is 1, a multiple of 16 or neither, and per path: the skinny GEMM
+# up to 16 rows, cuBLAS beyond; with or without a cached prefix; prefill, eager decode and
+# unified steps). Compiling one takes ~1 s, which in a served run shows up as a one-token
+# step of a second.
+WARM_UP_STEPS: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((1, 0),), ((1, 17),), ((5, 0),), ((5, 21),), ((16, 0),), ((16, 32),), ((37, 0),),
+    ((37, 19),), ((200, 40),),
+    ((1, 20), (1, 33)), ((1, 20),) * 16, ((1, 20),) * 17,
+    ((24, 8), (1, 40), (1, 50)), ((3, 0), (2, 9)),
+)
+
 
 def _mix(*xs: int) -> int:
     """splitmix64 chained over the arguments: a replayable seed per (request seed, position)."""
@@ -126,6 +139,35 @@ class CudaExecutor:
         self.graphs = DecodeGraphs(self.model, self.arena, self.max_pages_per_seq, buckets,
                                    padding_page=self.padding_page)
         self.graphs.capture()
+
+    @torch.inference_mode()
+    def warm_up(self, steps: Sequence[tuple[tuple[int, int], ...]] = WARM_UP_STEPS) -> int:
+        """Run each of ``steps`` once, eagerly, so every kernel is compiled before serving
+        rather than during a step. Call before the pool hands out pages: it writes only
+        pages other than the padding page and zeroes them afterwards. Returns the number of
+        steps run (a step that needs more pages than the arena has is left out)."""
+        bs = self.block_size
+        free = [p for p in range(self.arena.num_pages) if p != self.padding_page]
+        touched = 0
+        ran = 0
+        for step in steps:
+            need = [-(-(new + cached) // bs) for new, cached in step]
+            if sum(need) > len(free) or max(need) > self.max_pages_per_seq:
+                continue
+            seqs, used = [], 0
+            for (new, cached), n in zip(step, need):
+                seqs.append(SeqInput([1] * new, cached, free[used:used + n]))
+                used += n
+            batch = ForwardBatch.from_seqs(seqs, bs, self.device, padding_page=self.padding_page)
+            logits = self.model.forward(batch, self.arena)
+            logits.argmax(-1), logits.logsumexp(-1)
+            touched = max(touched, used)
+            ran += 1
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+        if touched:
+            self.arena.data[torch.tensor(free[:touched], device=self.device)] = 0
+        return ran
 
     def observe(self, engine: Any) -> None:
         """Learn each request's sampling parameters from the engine's intake."""

@@ -134,6 +134,8 @@ def build_real_instance(ckpt: str | Path | Qwen3Model, cfg: RealConfig | None = 
                         peers: dict[str, PinnedHostArena] | None = None,
                         capture_graphs: bool = True) -> RealInstance:
     """A serving instance on a real Qwen3 (a checkpoint directory or a loaded model).
+    ``capture_graphs``: capture the decode graphs and compile every other kernel variant
+    (``CudaExecutor.warm_up``) before the first request, so none compiles mid-serve.
 
     ``peers``: host arenas of other instances in this process, by name, for peer_read (a
     P/D pair on one GPU); this instance's own host arena is added to it under ``name``.
@@ -165,6 +167,8 @@ def build_real_instance(ckpt: str | Path | Qwen3Model, cfg: RealConfig | None = 
                             seed=cfg.seed, transfer=transfer)
     if capture_graphs:
         executor.capture_graphs()
+        if executor.on_cuda:            # (nothing compiles on the CPU)
+            sizing["warm_up_steps"] = executor.warm_up()
     sched = SchedulerConfig(max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
                             max_context_tokens=cfg.max_context_tokens, prefix_cache=cfg.prefix_cache,
                             role=role, switches=v.scheduler_switches())

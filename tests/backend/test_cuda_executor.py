@@ -167,6 +167,20 @@ def test_the_real_executor_captures_the_simulators_buckets(tiny_model):
     assert [padded_batch(n) for n in (17, 21)] == [20, 24]
 
 
+def test_warm_up_runs_every_step_shape_and_leaves_no_trace(tiny_model):
+    """The pre-serving warm-up (every kernel variant compiled before the first request)
+    runs its steps on pages the pool has not handed out and zeroes them again: the arena,
+    the pool and the served tokens are as if it never ran."""
+    inst = cpu_instance(tiny_model)
+    free_before = inst.pool.available_blocks()
+    assert inst.executor.warm_up() > 0
+    assert not inst.arena.data.any()
+    assert inst.pool.available_blocks() == free_before
+    p = prompt(3, 11)
+    (h,) = _serve(inst, [GenerateRequest(p, 4)])
+    assert h.tokens() == greedy_direct(tiny_model, p, 4)[0]
+
+
 def test_sampling_seeds_are_splitmix64_of_request_seed_and_position():
     """_mix chains the one splitmix64 (fake_executor's); pinned values keep replays stable."""
     from openinfer.backend.cuda_executor import _mix
