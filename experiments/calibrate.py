@@ -13,7 +13,12 @@ stands on), or from ``gpu=`` / ``date=``. Prints the fit quality and writes the 
 Besides the step and copy coefficients it measures whether a step holds the engine's host
 thread (``sim.calibration.host_hold``: are copies that land during a step seen before it
 ends?); a profile that says so makes the simulator defer everything that falls due during
-a step to its end (``sim.host_thread``), as the real engine does.
+a step to its end (``sim.host_thread``), as the real engine does. It also fits the host's
+work between back-to-back steps (``sim.calibration.fit_host_gaps``: a base, more around a
+step with prompt tokens, per decode row, per copy submitted) and whether a step waits for
+a copy in flight when it starts (``sim.calibration.copy_wait``, per direction); the wait a
+step spent on such a copy is taken off its measured time before the step fit, since the
+simulator adds it itself.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pathlib import Path
 
 from experiments.cli import main_guard, parse_overrides
 from openinfer.errors import ConfigError, require
-from sim.calibration import OUTLIER_RATIO, fit_copies, fit_steps, host_gap_s, host_hold, read_jsonl
+from sim.calibration import (COPY_DIRECTIONS, OUTLIER_RATIO, copy_wait, fit_copies, fit_host_gaps, fit_steps, host_gap_s,
+                             host_hold, read_jsonl)
 from sim.profile import FittedProfile
 
 TARGETS = ("wall_s", "gpu_s")
@@ -74,16 +80,26 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     records = read_jsonl(step_files)
     copy_records = read_jsonl([p for p in cfg.copies.split(",") if p]) if cfg.copies else records
     gpu, date = _gpu_and_date(cfg)
-    step_model, step_quality = fit_steps(records, cfg.target, cfg.balance_kinds, cfg.mean_fit)
-    gap, gaps = host_gap_s(records, cfg.target)
+    timed = records if not cfg.copies else [*records, *copy_records]
+    waits = {d: copy_wait(timed, d) for d in COPY_DIRECTIONS}
+    wait_for = tuple(d for d, w in waits.items() if w.waits)
+    step_model, step_quality = fit_steps(timed, cfg.target, cfg.balance_kinds, cfg.mean_fit, wait_for=wait_for)
+    median_gap, gaps = host_gap_s(records, cfg.target)
+    gap_fit = fit_host_gaps(timed, cfg.target)
     links = fit_copies(copy_records, cfg.copy_target)
-    hold = host_hold(records if not cfg.copies else [*records, *copy_records])
+    hold = host_hold(timed)
     slug = gpu.lower().replace("nvidia", "").strip().replace(" ", "-")
     name = cfg.name or f"{slug}_{cfg.model}"
     return FittedProfile(
         name=name, gpu=gpu, date=date, model=cfg.model, base_hardware=cfg.base_hardware,
-        step_model=step_model, d2h=links.d2h, h2d=links.h2d, host_overhead_s=gap,
-        host_holds_steps=hold.holds, quality=dict(steps=step_quality, host_gaps=gaps, host_hold=hold.as_dict()),
+        step_model=step_model, d2h=links.d2h, h2d=links.h2d,
+        host_overhead_s=gap_fit.base if gap_fit.samples else median_gap,
+        host_holds_steps=hold.holds,
+        host_gap=dict(after_eager=gap_fit.after_eager, before_eager=gap_fit.before_eager,
+                      per_row=gap_fit.per_row, per_copy=gap_fit.per_copy) if gap_fit.samples else {},
+        steps_wait_for=wait_for,
+        quality=dict(steps=step_quality, host_gaps=gaps, median_host_gap_s=median_gap, host_gap_fit=gap_fit.as_dict(),
+                     host_hold=hold.as_dict(), copy_wait={d: w.as_dict() for d, w in waits.items()}),
         source=dict(steps=step_files, copies=cfg.copies, target=cfg.target, copy_target=cfg.copy_target,
                     validate_report=cfg.validate_report))
 
@@ -101,8 +117,20 @@ def print_profile(p: FittedProfile, path: Path) -> None:
             + f"  ({q.get('outliers', 0)} steps over {OUTLIER_RATIO:g}x their prediction left out: JIT compiles)")
     coef = p.step_model.coefficients()
     print("  step    " + "  ".join(f"{k}={v:.3g}" for k, v in coef.items()))
-    print(f"  host gap between back-to-back steps {p.host_overhead_s * 1e3:.3f} ms "
-          f"({p.quality['host_gaps']} gaps)")
+    g = p.host_gap
+    gf = p.quality.get("host_gap_fit") or {}
+    print(f"  host gap between back-to-back steps {p.host_overhead_s * 1e3:.3f} ms"
+          + (f" + {g.get('after_eager', 0) * 1e3:.3f} after / {g.get('before_eager', 0) * 1e3:.3f} before a step "
+             f"with prompt tokens + {g.get('per_row', 0) * 1e6:.1f} µs per decode row + "
+             f"{g.get('per_copy', 0) * 1e3:.3f} ms per copy submitted ({gf.get('samples', 0)} gaps; "
+             f"{gf.get('left_out', 0)} over 3 ms left out)" if g else f" ({p.quality['host_gaps']} gaps)"))
+    for d, w in (p.quality.get("copy_wait") or {}).items():
+        print(f"  {d} in flight at a step's start: {'the step waits for it' if w['waits'] else 'overlapped'} "
+              f"({w['samples']} steps, {w['slope']:+.2f} s of extra step time per s of copy left, "
+              f"mean {w['mean_wait_s'] * 1e3:.3f} ms left)")
+    if q.get("copy_waits_removed"):
+        print(f"  step fit: {q['copy_waits_removed']} steps' copy waits ({q['copy_wait_removed_s'] * 1e3:.1f} ms) "
+              "taken off their measured time (the simulator adds them)")
     h = p.quality.get("host_hold") or {}
     print(f"  host    a step {'holds' if p.host_holds_steps else 'does not hold'} the host thread: "
           f"{h.get('seen_inside', 0)} of {h.get('due_inside', 0)} copies that landed inside a step were seen "

@@ -60,12 +60,14 @@ class CalibratedStepModel:
     decode_context_tokens: float = 0.0
     eager_decode_rows: float = 0.0             # extra per decode row of an eager step
     eager_decode_context_tokens: float = 0.0   # extra per context token of those rows
+    host_per_row: float = 0.0                  # host work per (unpadded) decode row, between steps:
+                                               # from the host-gap fit (sim.profile), not this fit
     pad_unified: bool = False
     min_step_s: float = 1e-6  # a fit may extrapolate below zero; a step never takes no time
 
     def features_time(self, f: StepFeatures) -> float:
         t = (self.intercept + self.decode_rows_padded * f.decode_rows_padded
-             + self.decode_context_tokens * f.decode_context_tokens)
+             + self.decode_context_tokens * f.decode_context_tokens + self.host_per_row * f.decode_rows)
         if f.prefill_tokens:
             t += (self.eager_step + self.prefill_tokens * f.prefill_tokens
                   + self.prefill_attn_pairs * f.prefill_attn_pairs

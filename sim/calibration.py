@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,7 +32,10 @@ FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures))
 COPY_DIRECTIONS = ("d2h", "h2d")
 GiB = 1024 ** 3
 MAX_BACK_TO_BACK_GAP_S = 0.02  # a longer gap means the engine had nothing to run, not overhead
+MAX_HOST_GAP_S = 3e-3          # the host-gap regression: longer gaps are an arrival's own work or idling
 OUTLIER_RATIO = 10.0           # a step this many times its prediction was a JIT compile, not a step
+COPY_WAIT_MIN_STEPS = 10       # steps that started with a copy in flight needed to decide a wait
+COPY_WAIT_MIN_SLOPE = 0.5      # extra step time per second of copy still in flight: ~1 waits, ~0 overlaps
 
 
 def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -90,10 +93,12 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     return f if padded is None else replace(f, decode_rows_padded=int(padded))
 
 
-def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
-                 ) -> list[tuple[StepFeatures, float, str]]:
-    """(features, seconds, kind) of every step that ran without error."""
+def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s",
+                 waits: Mapping[int, float] | None = None) -> list[tuple[StepFeatures, float, str]]:
+    """(features, seconds, kind) of every step that ran without error; ``waits`` (from
+    :func:`step_waits`) is taken off the seconds of the steps it names."""
     out = []
+    waits = waits or {}
     for rec in records:
         if is_copy(rec):
             continue
@@ -101,7 +106,7 @@ def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
             continue  # a failed step's time says nothing about a step's cost
         require(rec.get(target) is not None, f"step record.{target}", None,
                 f"records that carry {target} (choose target=wall_s or target=gpu_s)")
-        out.append((features_of(rec), float(rec[target]), str(rec.get("kind", ""))))
+        out.append((features_of(rec), float(rec[target]) - waits.get(id(rec), 0.0), str(rec.get("kind", ""))))
     return out
 
 
@@ -122,6 +127,135 @@ def host_gap_s(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> 
         if 0 <= gap < MAX_BACK_TO_BACK_GAP_S:
             gaps.append(gap)
     return (float(np.median(gaps)) if gaps else 0.0), len(gaps)
+
+
+def _by_run(records: Sequence[Mapping[str, Any]], target: str = "wall_s"
+            ) -> dict[str, tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]]:
+    """Per ``run``: its steps in start order and its copies in submission order."""
+    runs: dict[str, tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]] = {}
+    for r in records:
+        if is_copy(r):
+            if r.get("submitted_at") is not None:
+                runs.setdefault(str(r.get("run")), ([], []))[1].append(r)
+        elif _start(r) is not None and r.get(target) is not None:
+            runs.setdefault(str(r.get("run")), ([], []))[0].append(r)
+    for steps, copies in runs.values():
+        steps.sort(key=lambda r: _start(r))  # type: ignore[arg-type, return-value]
+        copies.sort(key=lambda c: float(c["submitted_at"]))
+    return runs
+
+
+@dataclass(frozen=True)
+class HostGapFit:
+    """The host thread's work between two back-to-back steps, as the real engine did it:
+    ``base + after_eager·[the step before had prompt tokens] + before_eager·[the next one
+    has] + per_row·decode rows of the step before + per_copy·copies submitted in the gap``
+    (seconds). Least squares over gaps under MAX_HOST_GAP_S (a longer one is an arrival's
+    own work or the engine idling; ``left_out`` counts them)."""
+
+    base: float = 0.0
+    after_eager: float = 0.0
+    before_eager: float = 0.0
+    per_row: float = 0.0
+    per_copy: float = 0.0
+    samples: int = 0
+    left_out: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_host_gaps(records: Sequence[Mapping[str, Any]], target: str = "wall_s") -> HostGapFit:
+    rows, ys, left_out = [], [], 0
+    for steps, copies in _by_run(records, target).values():
+        subs = [float(c["submitted_at"]) for c in copies]
+        for a, b in zip(steps, steps[1:]):
+            end = _start(a) + float(a[target])  # type: ignore[operator]
+            gap = _start(b) - end  # type: ignore[operator]
+            if not 0 <= gap < MAX_BACK_TO_BACK_GAP_S:
+                continue
+            if gap >= MAX_HOST_GAP_S:
+                left_out += 1
+                continue
+            n = bisect_right(subs, _start(b)) - bisect_right(subs, end)  # type: ignore[arg-type]
+            rows.append((1.0, float(features_of(a).prefill_tokens > 0), float(features_of(b).prefill_tokens > 0),
+                         float(features_of(a).decode_rows), float(n)))
+            ys.append(gap)
+    if not ys:
+        return HostGapFit(left_out=left_out)
+    a_ = np.asarray(rows)
+    coef, *_ = np.linalg.lstsq(a_, np.asarray(ys), rcond=None)
+    # a term no gap exercises (no copies, no eager step) is 0, not a least-norm guess
+    coef = [float(c) if a_[:, i].any() else 0.0 for i, c in enumerate(coef)]
+    return HostGapFit(*coef, samples=len(ys), left_out=left_out)
+
+
+@dataclass(frozen=True)
+class CopyWait:
+    """Does a step that starts while a copy of ``direction`` is in flight wait for it? The
+    H200 captures say: a D2H in flight holds the next step's host for the rest of the
+    copy, then the step runs as usual (slope 0.95-1.03 in four captures); an H2D in flight
+    overlaps (slope about 0). ``slope``: extra step seconds (wall minus CUDA-event time,
+    over the steps without a copy in flight) per second of the copy still in flight."""
+
+    direction: str
+    waits: bool
+    samples: int
+    slope: float
+    mean_wait_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def copy_in_flight_s(step: Mapping[str, Any], copies: Sequence[Mapping[str, Any]], direction: str) -> float:
+    """Seconds until every ``direction`` copy in flight when the step started had landed
+    (submission + CUDA-event time; 0 when none was)."""
+    s0 = _start(step)
+    left = 0.0
+    for c in copies:
+        if c.get("dir") != direction or c.get("gpu_s") is None:
+            continue
+        sub = float(c["submitted_at"])
+        if sub > s0:  # type: ignore[operator]
+            break
+        left = max(left, sub + float(c["gpu_s"]) - s0)  # type: ignore[operator]
+    return left
+
+
+def copy_wait(records: Sequence[Mapping[str, Any]], direction: str) -> CopyWait:
+    """Whether steps wait for an in-flight copy of ``direction`` (steps need ``gpu_s``)."""
+    xs, ys, free = [], [], []
+    for steps, copies in _by_run(records).values():
+        for s in steps:
+            if s.get("gpu_s") is None or s.get("error"):
+                continue
+            left = copy_in_flight_s(s, copies, direction)
+            extra = float(s["wall_s"]) - float(s["gpu_s"])
+            (xs if left > 0 else free).append(left if left > 0 else extra)
+            if left > 0:
+                ys.append(extra)
+    if len(xs) < COPY_WAIT_MIN_STEPS or not free:
+        return CopyWait(direction, False, len(xs), 0.0, 0.0)
+    x = np.asarray(xs)
+    y = np.asarray(ys) - float(np.median(free))
+    slope = float((x * y).sum() / (x * x).sum())
+    return CopyWait(direction, slope >= COPY_WAIT_MIN_SLOPE, len(xs), slope, float(x.mean()))
+
+
+def step_waits(records: Sequence[Mapping[str, Any]], directions: Sequence[str]) -> dict[int, float]:
+    """Per step record (by ``id``), the seconds it waited for copies of ``directions`` in
+    flight when it started: what the simulator adds back on its own (``sim.host_thread``),
+    so the step fit leaves it out of the target."""
+    out: dict[int, float] = {}
+    if not directions:
+        return out
+    for steps, copies in _by_run(records).values():
+        for s in steps:
+            w = max(copy_in_flight_s(s, copies, d) for d in directions)
+            if w > 0:
+                out[id(s)] = min(w, max(0.0, float(s["wall_s"]) - float(s.get("gpu_s") or 0.0)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -209,14 +343,17 @@ def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "gpu_s") -> C
 
 
 def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", balance_kinds: bool = True,
-              mean: bool = True) -> tuple[CalibratedStepModel, dict[str, Any]]:
+              mean: bool = True, wait_for: Sequence[str] = ()) -> tuple[CalibratedStepModel, dict[str, Any]]:
     """The step model, with each step kind weighing the same in total when
     ``balance_kinds``: a served run is mostly decode steps, and unweighted they would
     decide the eager intercept and the prefill slope that TTFT depends on. ``mean``: fit
     the mean duration (what a simulator's sums need), not the ratio (see
     ``sim.calibrated_step_model``). The quality says per kind the median signed error and
-    how far the predicted total of that kind's steps is from the measured one."""
-    samples = step_samples(records, target)
+    how far the predicted total of that kind's steps is from the measured one.
+    ``wait_for``: copy directions a step waits for (:func:`copy_wait`); that wait is the
+    simulator's to add, so it is taken off the measured seconds."""
+    waits = step_waits(records, wait_for)
+    samples = step_samples(records, target, waits)
     weights = None
     if balance_kinds:
         counts: dict[str, int] = {}
@@ -235,4 +372,5 @@ def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", bala
         per_kind_sum[kind] = float(sum(p for p, _ in kept) / sum(t for _, t in kept) - 1) if kept else 0.0
     return model, dict(samples=q.samples, rmse_s=q.rmse_s, r2=q.r2, median_rel_error=q.median_rel_error,
                        median_signed_rel_error_by_kind=per_kind, total_rel_error_by_kind=per_kind_sum,
-                       outliers=q.outliers, balance_kinds=balance_kinds, fit="mean" if mean else "ratio")
+                       outliers=q.outliers, balance_kinds=balance_kinds, fit="mean" if mean else "ratio",
+                       copy_waits_removed=len(waits), copy_wait_removed_s=float(sum(waits.values())))

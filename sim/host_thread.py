@@ -21,6 +21,13 @@ is the simulated executor in that world: a step is a process that, once it runs,
 host for its modelled time and answers when it ends, as ``CudaExecutor.execute`` does. Neither reads a clock: both are
 exact functions of the event sequence and the step model, so a run still replays from
 (config, seed).
+
+Two things the real host does around copies, measured on the H200 captures and switched
+on by the profile (:meth:`HostHeldExecutor.attach_copies`): submitting a copy costs the
+host thread time (0.20-0.25 ms per copy in the gap before the next step, in four
+captures), and a step that starts while a D2H copy is in flight holds the host until that
+copy has landed before its GPU work starts (its wall time grows by the copy's remaining
+time, slope 0.95-1.03, while its CUDA-event time does not; an H2D in flight is overlapped).
 """
 
 from __future__ import annotations
@@ -107,11 +114,43 @@ class HostHeldExecutor(SimExecutor):
         if not isinstance(rt, HostClockRuntime):
             raise TypeError("HostHeldExecutor needs a HostClockRuntime (a step holds its host)")
         super().__init__(rt, *args, **kwargs)
+        self._count_links: tuple[Any, ...] = ()
+        self._wait_links: tuple[Any, ...] = ()
+        self._per_copy_s = 0.0
+        self._copies_seen = 0
+        self.copy_submit_s = 0.0    # host time charged for copy submissions
+        self.copy_wait_s = 0.0      # host time steps spent waiting for copies in flight
+
+    def attach_copies(self, transfer: Any, per_copy_s: float = 0.0, wait_for: tuple[str, ...] = ()) -> None:
+        """Charge ``per_copy_s`` of host time for each D2H/H2D copy the transfer queued since
+        the previous step, and make a step wait for the copies of ``wait_for`` (``"d2h"``,
+        ``"h2d"``) still in flight when it starts. ``transfer``: the world's
+        :class:`~sim.copy_queue.QueuedTransfer` (its links know every copy's landing time)."""
+        self._count_links = (transfer.d2h_link, transfer.h2d_link)
+        self._wait_links = tuple(getattr(transfer, f"{d}_link") for d in wait_for)
+        self._per_copy_s = max(0.0, float(per_copy_s))
+        self._copies_seen = sum(link.copies for link in self._count_links)
 
     def _spend(self, seconds: float) -> Generator[Event, Any, None]:
         """Hold the host for the step: what falls due meanwhile runs when the step ends. The
         step is still a process (``execute``), like CudaExecutor's, so what the engine
-        scheduled before it (the resolve it just routed, say) runs before it takes the host."""
-        self.rt.hold(seconds)  # type: ignore[attr-defined]
+        scheduled before it (the resolve it just routed, say) runs before it takes the host.
+        With copies attached, the host first pays for the copies submitted since the last
+        step and waits for the copies it must see land."""
+        pre = 0.0
+        if self._count_links:
+            n = sum(link.copies for link in self._count_links)
+            pre = (n - self._copies_seen) * self._per_copy_s
+            self._copies_seen = n
+            self.copy_submit_s += pre
+            if self._wait_links:
+                # every engine of the link is free once the last queued copy landed
+                # (QueuedLink keeps its engines' free times in _free_at; see the report)
+                drained = max(max(link._free_at) for link in self._wait_links)
+                wait = drained - (self.rt.now() + pre)
+                if wait > 0:
+                    pre += wait
+                    self.copy_wait_s += wait
+        self.rt.hold(pre + seconds)  # type: ignore[attr-defined]
         return
         yield  # pragma: no cover - a generator that never waits: the host was held instead

@@ -9,7 +9,11 @@ the profile also names the model it was fitted on and refuses another by default
 
 It also says how the real engine's host thread behaves (``host_holds_steps``: a step holds
 the one Python thread the scheduler, store and copy pollers run on, so nothing that falls
-due during a step is handled before it ends); :meth:`FittedProfile.world` builds a
+due during a step is handled before it ends); what the thread does between two steps
+(``host_overhead_s`` plus ``host_gap``: more around a step with prompt tokens, per decode
+row, per copy submitted; ``sim.calibration.fit_host_gaps``); and whether a step waits for
+a copy still in flight when it starts (``steps_wait_for``: the H200 captures say a D2H
+does, an H2D does not; ``sim.calibration.copy_wait``). :meth:`FittedProfile.world` builds a
 simulated instance that behaves that way (``sim.host_thread``).
 """
 
@@ -29,6 +33,9 @@ from sim.hardware import HardwareSpec, preset as hardware_preset
 if TYPE_CHECKING:
     from sim.model_geometry import ModelGeometry
     from sim.world import World, WorldConfig
+
+
+HOST_GAP_KEYS = ("after_eager", "before_eager", "per_row", "per_copy")
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ class FittedProfile:
     h2d: LinkFit | None = None
     host_overhead_s: float = 0.0            # scheduler time between back-to-back steps, folded in
     host_holds_steps: bool = False          # a step holds the host thread (measured: sim.calibration.host_hold)
+    host_gap: dict[str, float] = field(default_factory=dict)  # after_eager, before_eager, per_row, per_copy (s)
+    steps_wait_for: tuple[str, ...] = ()    # copy directions a step waits for when one is in flight
     quality: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -77,11 +86,24 @@ class FittedProfile:
             changes["pcie_gib_s"] = fastest
         return replace(hw, **changes)
 
+    def __post_init__(self) -> None:
+        for key in self.host_gap:
+            if key not in HOST_GAP_KEYS:
+                raise ConfigError(f"profile.host_gap.{key}", self.host_gap[key], f"one of {', '.join(HOST_GAP_KEYS)}")
+        for d in self.steps_wait_for:
+            require(d in ("d2h", "h2d"), "profile.steps_wait_for", d, "d2h or h2d")
+        object.__setattr__(self, "steps_wait_for", tuple(self.steps_wait_for))
+
     def step_time_model(self) -> CalibratedStepModel:
-        """The fitted coefficients with the host gap between steps added to the intercept:
-        in the simulator the scheduler's own work takes no time, on the real engine it does."""
-        sm = self.step_model
-        return replace(sm, intercept=sm.intercept + self.host_overhead_s)
+        """The fitted coefficients with the host's work between steps added: in the simulator
+        the scheduler's own work takes no time, on the real engine it does (the base gap on
+        every step, the gap on either side of a step with prompt tokens on that step, the
+        per-row work on the decode rows). Copies submitted between steps are charged by the
+        held host (``sim.host_thread``), which sees them."""
+        sm, g = self.step_model, self.host_gap
+        return replace(sm, intercept=sm.intercept + self.host_overhead_s,
+                       eager_step=sm.eager_step + g.get("after_eager", 0.0) + g.get("before_eager", 0.0),
+                       host_per_row=sm.host_per_row + g.get("per_row", 0.0))
 
     def world(self, cfg: WorldConfig, *, model: ModelGeometry | None = None) -> World:
         """A simulated instance on this profile: its copy links and step model, and, when the
@@ -92,7 +114,11 @@ class FittedProfile:
         from sim.world import build_world
         if self.host_holds_steps:
             cfg = replace(cfg, host="held")
-        return build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model())
+        w = build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model())
+        if self.host_holds_steps and (self.host_gap.get("per_copy") or self.steps_wait_for):
+            w.executor.attach_copies(w.transfer, per_copy_s=self.host_gap.get("per_copy", 0.0),  # type: ignore[attr-defined]
+                                     wait_for=self.steps_wait_for)
+        return w
 
     def check_model(self, model_name: str) -> None:
         require(model_name == self.model, "profile.model", self.model,
@@ -101,7 +127,9 @@ class FittedProfile:
 
     # -- files ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["steps_wait_for"] = list(self.steps_wait_for)
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FittedProfile:
