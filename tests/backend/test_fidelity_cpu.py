@@ -24,8 +24,17 @@ def test_calibrate_then_replay_a_held_out_workload(tiny_ckpt, tiny_model, tmp_pa
                                         gpu="cpu", date="2026-12-03"))
     path = profile.save(tmp_path / "profile.yaml")
     rep = fidelity(FidelityConfig(served=str(tmp_path / "held" / "served.json"), profile=str(path),
-                                  model_config=str(tiny_ckpt / "config.json")))
+                                  model_config=str(tiny_ckpt / "config.json"),
+                                  steps=str(tmp_path / "held" / "steps.jsonl")))
     assert set(rep["phases"]) == {"cold", "gpu", "cpu"}
+    for p in rep["phases"].values():  # the held-out run's own steps next to the simulated ones
+        st = p["steps"]
+        real = st["real"]["decode"]["steps"] + st["real"]["eager"]["steps"] + len(st["outliers"])
+        assert real > 0 and st["real"]["eager"]["steps"] + len(st["outliers"]) > 0
+        assert st["sim"]["decode"]["steps"] + st["sim"]["eager"]["steps"] > 0
+        for kind in ("decode", "eager"):
+            r = st["real"][kind]
+            assert r["steps"] == 0 or (r["model_error"] is not None and r["wall_ms"]["mean"] > 0)
     for ph, p in rep["phases"].items():
         assert p["sim"]["completed"] == p["real"]["completed"] == held["phases"][ph]["metrics"]["completed"]
         assert p["sim"]["ttft"]["mean"] > 0 and p["sim"]["tpot"]["mean"] > 0
