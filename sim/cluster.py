@@ -85,7 +85,10 @@ class Router:
         box: list[RequestHandle] = []
 
         def forward(ev: RequestEvent) -> None:
-            if not sink.send(replace(ev, req_id=sink.req_id)) and box:
+            # a token (most of a stream) travels as (time, token): no event copy to keep
+            sent = sink.send_token(ev.time, ev.token) if ev.kind is EventKind.TOKEN and ev.token is not None \
+                else sink.send(replace(ev, req_id=sink.req_id))
+            if not sent and box:
                 box[0].cancel()  # the client is gone: stop the instance's work too
         inner = w.engine.submit(req, on_event=forward)
         box.append(inner)

@@ -25,7 +25,7 @@ from sim.client import AbortSpec, Client
 from sim.cluster import Cluster
 from sim.faults import FaultHook, FaultSpec, last_heal
 from sim.metrics import cache_summary, status_counts, summarize
-from sim.monitors import InvariantViolation, Monitor, MonitorConfig
+from sim.monitors import InvariantViolation, Monitor, MonitorConfig, Timeline, timeline_tail
 from sim.workloads import Workload
 
 METASERVER_PORTS = ("registration", "metaserver")
@@ -75,7 +75,7 @@ class NamedMonitor(Monitor):
         raise err
 
 
-def _last_instance(timeline: list[tuple[float, str]], cluster: Cluster) -> str | None:
+def _last_instance(timeline: Timeline, cluster: Cluster) -> str | None:
     """Checks that raise outside ``Monitor.fail`` leave no name: take the latest timeline entry's."""
     names = {w.engine.name for w in cluster.instances}
     for _, text in reversed(timeline):
@@ -97,7 +97,7 @@ def run_cluster(cluster: Cluster, workload: Workload, faults: Sequence[PlacedFau
     specs = [pf.spec for pf in faults]
     heal = last_heal(specs)
     client = Client(rt, cluster.router.submit, abort=abort or AbortSpec(wc.abort_probability, wc.abort_after_s))
-    timeline: list[tuple[float, str]] = []
+    timeline = timeline_tail()
     mons = [NamedMonitor(w.engine, w.store, heal_s=heal, config=monitor_config or MonitorConfig(
         check_pool_every=wc.monitor_pool_every), timeline=timeline) for w in cluster.instances] if monitors else []
     hooks = install_faults(cluster, faults)
@@ -121,7 +121,7 @@ def run_cluster(cluster: Cluster, workload: Workload, faults: Sequence[PlacedFau
     except InvariantViolation as err:
         violation = dict(invariant=err.name, time_s=err.time, detail=err.detail,
                          instance=getattr(err, "instance", None) or _last_instance(timeline, cluster),
-                         timeline_tail=[[round(t, 6), text] for t, text in timeline[-12:]])
+                         timeline_tail=[[round(t, 6), text] for t, text in list(timeline)[-12:]])
     return cluster_report(cluster, workload, client, hooks, violation)
 
 

@@ -21,7 +21,7 @@ class SimExecutor(FakeExecutor):
     def __init__(self, rt: Runtime, model: StepModel, *, vocab_size: int = 151936, eos_token: int = 151645,
                  seed: int = 0, max_loras: int = 1) -> None:
         super().__init__(rt, vocab_size=vocab_size, eos_token=eos_token, step_time=self._timed,
-                         seed=seed, max_loras=max_loras)
+                         seed=seed, max_loras=max_loras, keep_log=False)  # counters below instead
         self.model = model
         self.busy_s = 0.0
         self.busy_by_kind: dict[str, float] = {k.value: 0.0 for k in StepKind}

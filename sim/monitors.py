@@ -15,7 +15,8 @@ Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,17 @@ INVARIANTS = (
 
 
 _MIN_SAVES_PRUNE = 1024  # the save list is pruned when it doubles, and not below this
+TIMELINE_TAIL = 4096     # entries a run that reads only the timeline's tail keeps
+
+Timeline = MutableSequence[tuple[float, str]]
+
+
+def timeline_tail(maxlen: int = TIMELINE_TAIL) -> Timeline:
+    """A timeline that keeps its last ``maxlen`` entries. A monitor notes every step, so a
+    long run's full timeline grows by one entry a step; a run that reports only the
+    entries before a violation (the world and cluster runners) needs just the tail. The
+    hunter, whose small runs read the whole timeline, passes a list."""
+    return deque(maxlen=maxlen)
 
 
 def _failed(rec: Any) -> bool:
@@ -86,7 +98,7 @@ class Monitor:
     """Watches one engine, its store rank and tier."""
 
     def __init__(self, engine: Engine, store: KvStore, heal_s: float, config: MonitorConfig | None = None,
-                 timeline: list[tuple[float, str]] | None = None) -> None:
+                 timeline: Timeline | None = None) -> None:
         self.engine = engine
         self.store = store
         self.rank = store.rank(engine.rank)

@@ -28,7 +28,7 @@ from sim.gc_tuning import relaxed_gc
 from sim.hardware import GiB, HardwareSpec, preset as hardware_preset
 from sim.metrics import cache_summary, status_counts, summarize
 from sim.model_geometry import ModelGeometry, preset as model_preset
-from sim.monitors import InvariantViolation, Monitor, MonitorConfig
+from sim.monitors import InvariantViolation, Monitor, MonitorConfig, timeline_tail
 from sim.step_model import RooflineStepModel, StepModel
 from sim.timeline import TimelineSampler
 from sim.workloads import Workload
@@ -143,9 +143,9 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
     host: HostTier | None = None
     if peer is not None:
         host = PeerTier(rt, max(host_pages, 1), transfer, name=name, namespace=peer.namespace,
-                        metaserver=peer.metaserver, directory=peer.directory)
+                        metaserver=peer.metaserver, directory=peer.directory, inline_saves=not held)
     elif host_pages > 0:
-        host = HostTier(rt, host_pages, transfer)
+        host = HostTier(rt, host_pages, transfer, inline_saves=not held)  # held: saves start as the real ones do
     sizing["host_pages"] = host_pages
     store = KvStore(rt, [Rank(pool, host)], v.store_config())
     sm = step_model or RooflineStepModel(geo, hw)
@@ -172,7 +172,7 @@ def run_world(w: World, workload: Workload, client: Client | None = None) -> dic
     rt = w.rt
     rt.spawn(workload.run(rt, client))
     guard = rt.sleep(w.config.max_sim_s)
-    monitor = Monitor(w.engine, w.store, heal_s=0.0,
+    monitor = Monitor(w.engine, w.store, heal_s=0.0, timeline=timeline_tail(),
                       config=MonitorConfig(check_pool_every=w.config.monitor_pool_every)) \
         if w.config.monitors else None
     violation = None

@@ -38,7 +38,8 @@ class FakeExecutor:
     """Computes nothing; answers seeded tokens after a modelled step time."""
 
     def __init__(self, rt: Runtime, *, vocab_size: int = 151936, eos_token: int = 151645,
-                 step_time: StepTime | None = None, seed: int = 0, max_loras: int = 1) -> None:
+                 step_time: StepTime | None = None, seed: int = 0, max_loras: int = 1,
+                 keep_log: bool = True) -> None:
         self.rt = rt
         self.vocab_size = vocab_size
         self.eos_token = eos_token
@@ -50,14 +51,34 @@ class FakeExecutor:
         self.step_failure: Callable[[StepPlan], str | None] | None = None
         self.steps = 0
         self._adapters: list[str] = []
-        self.log: list[tuple[float, StepKind, int, int]] = []  # (t, kind, prefill tokens, decode rows)
+        # (t, kind, prefill tokens, decode rows) of every step, for tests that read the
+        # step sequence; ``keep_log=False`` (a long simulation: one tuple a step, kept
+        # for the whole run) keeps none.
+        self.log: list[tuple[float, StepKind, int, int]] = []
+        self.keep_log = keep_log
 
     def token(self, req_id: int, position: int) -> int:
         tok = _splitmix64((self.seed << 42) ^ (req_id << 21) ^ position) % self.vocab_size
         return tok if tok != self.eos_token else (tok + 1) % self.vocab_size
 
     def execute(self, plan: StepPlan) -> Event:
-        return self.rt.spawn(self._execute(plan))
+        """The step's answer, ``step_time(plan)`` from now.
+
+        A step is a sleep and then the answer, so it needs no process of its own: one
+        timeout whose callback answers (two events a step instead of a process's three and
+        its generator; a long simulation runs one step per few requests' tokens). An
+        executor that spends the step's time differently (overrides ``_spend``, as
+        sim.host_thread's host-holding one does) runs it as a process."""
+        if type(self)._spend is not FakeExecutor._spend:
+            return self.rt.spawn(self._execute(plan))
+        rt = self.rt
+        started = rt.now()
+        self.steps += 1
+        step = self.steps
+        answer = rt.event()
+        elapsed = rt.sleep(self.step_time(plan))
+        elapsed.callbacks.append(lambda _: answer.succeed(self._result(plan, started, step)))
+        return answer
 
     def _execute(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
         rt = self.rt
@@ -74,7 +95,8 @@ class FakeExecutor:
     def _result(self, plan: StepPlan, started: float, step: int) -> StepResult:
         """The step's answer once its time has passed: an injected failure, or every row's
         token. Shared by executors that spend the step's time differently."""
-        self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
+        if self.keep_log:
+            self.log.append((started, plan.kind, plan.prefill_tokens, len(plan.decode)))
         error = "injected step failure" if step in self.fail_steps else None
         if error is None and self.step_failure is not None:
             error = self.step_failure(plan)

@@ -29,7 +29,8 @@ class HostTier:
     """Host-memory tier with LRU eviction, leases with TTL, and pending saves."""
 
     def __init__(self, rt: Runtime, capacity_pages: int, transfer: TransferEngine, *,
-                 lease_ttl_s: float = 600.0, name: str = "host", ports: Ports | None = None) -> None:
+                 lease_ttl_s: float = 600.0, name: str = "host", ports: Ports | None = None,
+                 inline_saves: bool = False) -> None:
         require(isinstance(capacity_pages, int) and capacity_pages >= 0,
                 "host_tier.capacity_pages", capacity_pages, "an int >= 0")
         require(lease_ttl_s > 0, "host_tier.lease_ttl_s", lease_ttl_s, "a number > 0 (seconds)")
@@ -39,6 +40,12 @@ class HostTier:
         self.transfer = transfer
         self.lease_ttl_s = lease_ttl_s
         self.ports = ports or Ports()
+        # False: every save is a process that starts after the caller yields (on a wall
+        # runtime, after the step that sealed it returns control). True: a save without a
+        # fault hook takes its slots and queues its copy inside ``save`` itself; a
+        # simulated world whose host is free (virtual time does not move until its
+        # caller yields) sees the same slots and landing times, at two events a save.
+        self.inline_saves = inline_saves
         self._slot_of: OrderedDict[BlockHash, int] = OrderedDict()  # visible blocks, LRU first
         self._pins: dict[BlockHash, int] = {}
         self._free_slots = list(range(capacity_pages - 1, -1, -1))
@@ -168,26 +175,54 @@ class HostTier:
 
     # -- save / flush -----------------------------------------------------------------
     def save(self, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> SaveRecord:
+        """Start saving ``pages`` (named ``hashes``); ``rec.done`` fires with the outcome.
+
+        Every sealed block of every request is a save. With ``inline_saves`` and no fault
+        hook on the ``save`` port it is not a process: it takes its slots and queues its
+        D2H now, and the copy's landing answers (two events instead of a process's three).
+        Otherwise (a hook may stall it) it runs as a process (``_save``)."""
         self.pending_saves = [s for s in self.pending_saves if not s.done.triggered]
         rec = SaveRecord(list(hashes), None, self.rt.now())  # type: ignore[arg-type]
-        rec.done = self.rt.spawn(self._save(rec, pages, hashes, guards))
+        if not self.inline_saves or self.ports.active("save"):
+            rec.done = self.rt.spawn(self._save(rec, pages, hashes, guards))
+        else:
+            rec.done = self._save_now(rec, pages, hashes, guards)
         self.pending_saves.append(rec)
         self.counters["saves"] += 1
         return rec
 
     def _save(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash],
               guards: PageRefs) -> Generator[Event, Any, OpResult]:
-        err = None
-        if self.ports.active("save"):
-            err = yield from self.ports.through("save", hashes[0].hex()[:8] if hashes else "")
-        new = [(p, h) for p, h in zip(pages, hashes) if h not in self._slot_of]
-        slots: list[int] = []
+        err = yield from self.ports.through("save", hashes[0].hex()[:8] if hashes else "")
+        new, slots, err = self._reserve(pages, hashes, err)
         if err is None and new:
-            slots = self._take_slots(len(new))
-            if slots is None:
-                err, slots = "host tier full: every resident block is pinned", []
-            else:
-                yield self.transfer.d2h([p for p, _ in new], slots)
+            yield self.transfer.d2h([p for p, _ in new], slots)
+        return self._landed(rec, new, slots, guards, err)
+
+    def _save_now(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> Event:
+        new, slots, err = self._reserve(pages, hashes, None)
+        done = self.rt.event()
+        if err is None and new:
+            copy = self.transfer.d2h([p for p, _ in new], slots)
+            copy.callbacks.append(lambda _: done.succeed(self._landed(rec, new, slots, guards, None)))
+        else:
+            done.succeed(self._landed(rec, new, slots, guards, err))
+        return done
+
+    def _reserve(self, pages: list[int], hashes: list[BlockHash], err: str | None
+                 ) -> tuple[list[tuple[int, BlockHash]], list[int], str | None]:
+        """The blocks not yet resident and the host slots they will land in (none after an error)."""
+        new = [(p, h) for p, h in zip(pages, hashes) if h not in self._slot_of]
+        if err is not None or not new:
+            return new, [], err
+        slots = self._take_slots(len(new))
+        if slots is None:
+            return new, [], "host tier full: every resident block is pinned"
+        return new, slots, None
+
+    def _landed(self, rec: SaveRecord, new: list[tuple[int, BlockHash]], slots: list[int], guards: PageRefs,
+                err: str | None) -> OpResult:
+        """The copy is done (or never started): release the GPU pages, make the blocks visible."""
         guards.release()  # the GPU pages may be reused once the D2H has landed
         if err is not None:
             self._free_slots.extend(slots)

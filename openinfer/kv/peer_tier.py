@@ -42,8 +42,9 @@ class PeerTier(HostTier):
     def __init__(self, rt: Runtime, capacity_pages: int, transfer: TransferEngine, *,
                  name: str, namespace: str, metaserver: MetaServer, directory: PeerDirectory,
                  registration_queue: int = 1024, lease_ttl_s: float = 600.0,
-                 transfer_lock_ttl_s: float = 60.0, ports: Ports | None = None) -> None:
-        super().__init__(rt, capacity_pages, transfer, lease_ttl_s=lease_ttl_s, name=name, ports=ports)
+                 transfer_lock_ttl_s: float = 60.0, ports: Ports | None = None, inline_saves: bool = False) -> None:
+        super().__init__(rt, capacity_pages, transfer, lease_ttl_s=lease_ttl_s, name=name, ports=ports,
+                         inline_saves=inline_saves)
         require(registration_queue >= 1, "peer_tier.registration_queue", registration_queue, "an int >= 1")
         self.namespace = namespace
         self.metaserver = metaserver

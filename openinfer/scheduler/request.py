@@ -109,11 +109,12 @@ class AbortCell:
 class TokenSink:
     """The engine's end of a request's stream; also the resolve's cancel probe.
 
-    A long simulation sends one token per row per step, so tokens nobody is waiting on
-    (no ``on_event`` callback, no ``next_event`` waiter) are kept as a compact run of
-    (time, token) instead of one :class:`RequestEvent` each; ``events`` turns the run into
-    events when someone reads it, and ``stream`` hands metrics the token times without
-    building them. The order of the stream is exactly as sent either way.
+    A long simulation sends one token per row per step, so tokens no ``next_event``
+    waiter is waiting on are kept as a compact run of (time, token) instead of one
+    :class:`RequestEvent` each (an ``on_event`` callback still gets its event, which is
+    then not kept); ``events`` turns the run into events when someone reads it, and
+    ``stream`` hands metrics the token times without building them. The order of the
+    stream is exactly as sent either way.
     """
 
     def __init__(self, req_id: int, rt: Any, on_event: Callable[[RequestEvent], None] | None = None) -> None:
@@ -172,12 +173,14 @@ class TokenSink:
         """Deliver one generated token; False once the client has gone."""
         if self.abort_cell.state is not _NOT_ABORTED:
             return False
-        if self.on_event is not None or self._waiters:
+        if self._waiters:
             return self.send(RequestEvent(EventKind.TOKEN, self.req_id, time, token))
         if self._after_run:
             self.events  # an event came after the run: close it before a new one starts
         self._run_times.append(time)
         self._run_tokens.append(token)
+        if self.on_event is not None:
+            self.on_event(RequestEvent(EventKind.TOKEN, self.req_id, time, token))
         return True
 
     def send(self, event: RequestEvent) -> bool:

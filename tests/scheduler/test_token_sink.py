@@ -53,3 +53,25 @@ def test_closed_sink_refuses_tokens_and_waiters_see_each_token() -> None:
     sink.abort_cell.state = type(sink.abort_cell.state).CANCELLED
     assert not sink.send_token(0.6, 43)
     assert sink.tokens() == [42]
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS)
+def test_a_callback_sees_every_event_and_the_kept_stream_is_unchanged(ops: list[str]) -> None:
+    """With ``on_event`` set, tokens are still kept as the compact run; the callback gets
+    each one as an event, in the order sent, and readers see the same stream as without."""
+    rt = SimRuntime(seed=0)
+    seen: list[tuple[EventKind, float, int | None]] = []
+    sink = TokenSink(7, rt, on_event=lambda e: seen.append((e.kind, e.time, e.token)))
+    plain = TokenSink(7, rt)
+    for i, op in enumerate(ops):
+        for s in (sink, plain):
+            if op == "token":
+                assert s.send_token(float(i), 100 + i)
+            elif op in ("scheduled", "prompt"):
+                s.send(RequestEvent(EventKind.SCHEDULED if op == "scheduled" else EventKind.PROMPT_TOKENS, 7, float(i)))
+            elif op == "read":
+                s.events  # noqa: B018 -- a read in between must not change the stream
+    assert [(e.kind, e.time, e.token) for e in sink.events] == seen
+    assert [(e.kind, e.time, e.token) for e in plain.events] == seen
+    assert sink.tokens() == plain.tokens()

@@ -58,3 +58,31 @@ def test_timeline_stays_bounded() -> None:
     assert 4 <= len(d["rows"]) <= 8 and d["every"] >= 8
     steps = [r[1] for r in d["rows"]]
     assert all(s % d["every"] == 0 for s in steps)
+
+
+class _SpendsInProcess(SimExecutor):
+    """The same step time spent by a process (the path an executor that overrides
+    ``_spend`` takes): its answers must equal the one-timeout path's."""
+
+    def _spend(self, seconds: float) -> Generator[Any, Any, None]:
+        yield self.rt.sleep(seconds)
+
+
+def test_a_step_without_its_own_process_answers_as_the_process_does() -> None:
+    answers = []
+    for cls in (SimExecutor, _SpendsInProcess):
+        rt = SimRuntime(0)
+        ex = cls(rt, MODEL, seed=3)
+        ex.stop_after[2] = 1
+        ex.fail_steps.add(2)
+
+        def go() -> Generator[Any, Any, Any]:
+            out = []
+            for plan in (decode_plan(4, 50), decode_plan(4, 51), prefill_plan(64)):
+                res = yield ex.execute(plan)
+                out.append((rt.now(), res.error, res.started_at, res.finished_at,
+                            {k: v.token for k, v in res.rows.items()}))
+            return out
+        answers.append((rt.run_process(go()), ex.steps, ex.log))
+    assert answers[0] == answers[1]
+    assert answers[0][2] == []  # a simulation keeps no per-step log
