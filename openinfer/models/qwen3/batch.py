@@ -66,13 +66,27 @@ class ForwardBatch:
             row = list(s.page_table[:need[i]])
             tables.append(row + [padding_page] * (width - len(row)))
             qloc.append(qloc[-1] + n)
-        i64 = dict(dtype=torch.int64, device=device)
-        i32 = dict(dtype=torch.int32, device=device)
+        T, B = len(ids), len(seqs)
+        last = [q - 1 for q in qloc[1:]]
+        ids64 = upload(ids + pos + slots + last, torch.int64, device)
+        ids32 = upload([x for row in tables for x in row]
+                       + [s.start + len(s.token_ids) for s in seqs] + qloc, torch.int32, device)
+        n_tab = B * width
         return cls(
-            input_ids=torch.tensor(ids, **i64), positions=torch.tensor(pos, **i64),
-            slot_mapping=torch.tensor(slots, **i64), block_tables=torch.tensor(tables, **i32),
-            seq_lens=torch.tensor([s.start + len(s.token_ids) for s in seqs], **i32),
-            query_start_loc=torch.tensor(qloc, **i32),
-            last_token_index=torch.tensor(qloc[1:], **i64) - 1,
+            input_ids=ids64[:T], positions=ids64[T:2 * T], slot_mapping=ids64[2 * T:3 * T],
+            last_token_index=ids64[3 * T:], block_tables=ids32[:n_tab].view(B, width),
+            seq_lens=ids32[n_tab:n_tab + B], query_start_loc=ids32[n_tab + B:],
             max_query_len=max(len(s.token_ids) for s in seqs),
             is_decode=all(len(s.token_ids) == 1 for s in seqs))
+
+
+def upload(values: list[int], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A host list as a device tensor without stalling the host: on CUDA through pinned
+    memory and a non-blocking copy (a plain ``torch.tensor(..., device="cuda")`` waits for
+    every kernel already queued on the stream, so a step would hold the host thread for its
+    whole GPU time). The caching host allocator keeps the pinned buffer until the copy is
+    done."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

@@ -57,6 +57,14 @@ class ReferenceOps:
         return self.r.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
                                           v_cache, slot_mapping, num_q_heads)
 
+    def qkv_rope_write(self, x: Any, w: torch.Tensor, q_w: torch.Tensor, k_w: torch.Tensor,
+                       cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                       eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+        """The QKV projection, then ``qkv_norm_rope_write``: the queries ``[T, Hq, D]``."""
+        return self.qkv_norm_rope_write(self.linear(x, w), q_w, k_w, cos, sin, positions, eps,
+                                        k_cache, v_cache, slot_mapping, num_q_heads)
+
     def gate_up_silu(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``silu(x W_gate^T) * (x W_up^T)`` from the fused ``[2I, K]`` weight."""
         return self.r.silu_mul(F.linear(x, w))
@@ -109,6 +117,15 @@ class TritonOps(ReferenceOps):
                             slot_mapping, num_q_heads):
         return self.k.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
                                           v_cache, slot_mapping, num_q_heads)
+
+    def qkv_rope_write(self, x, w, q_w, k_w, cos, sin, positions, eps, k_cache, v_cache,
+                       slot_mapping, num_q_heads):
+        """Skinny rows: one launch, the norm + RoPE + KV write as the GEMM's epilogue."""
+        if self._skinny(x):
+            return self.k.skinny_qkv_rope_write(x, w, q_w, k_w, cos, sin, positions, eps,
+                                                k_cache, v_cache, slot_mapping, num_q_heads)
+        return super().qkv_rope_write(x, w, q_w, k_w, cos, sin, positions, eps, k_cache,
+                                      v_cache, slot_mapping, num_q_heads)
 
     def gate_up_silu(self, x, w):
         return self.k.skinny_gated(x, w) if self._skinny(x) else super().gate_up_silu(x, w)

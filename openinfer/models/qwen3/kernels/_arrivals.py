@@ -22,13 +22,14 @@ _MIN_COUNTERS = 4096
 
 
 @triton.jit
-def arrive(cnt_ptr, NUM_PARTS: tl.constexpr):
-    """True in the program that arrives last at ``cnt_ptr`` (it has reset the counter).
-    Call after this program's part is stored: the barrier makes every thread's stores
-    precede the release."""
+def arrive(cnt_ptr, num_parts):
+    """True in the program that arrives last of ``num_parts`` at ``cnt_ptr`` (it has reset
+    the counter). Call after this program's part is stored: the barrier makes every
+    thread's stores precede the release; the last program then reads the other parts
+    through L2 (``cache_modifier=".cg"``)."""
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-    last = arrived == NUM_PARTS - 1
+    last = arrived == num_parts - 1
     if last:
         tl.store(cnt_ptr, 0)
     return last

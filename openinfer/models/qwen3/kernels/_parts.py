@@ -11,8 +11,12 @@ import triton.language as tl
 
 
 @triton.jit
-def load_parts(ptr, s_part, offs, mask, NUM_PARTS: tl.constexpr, dt: tl.constexpr):
-    x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+def load_parts(ptr, s_part, offs, mask, NUM_PARTS: tl.constexpr, dt: tl.constexpr,
+               CACHE: tl.constexpr = ""):
+    """``CACHE=".cg"`` reads through L2 only: for parts other programs of the same launch
+    wrote (``_arrivals``), which this SM's L1 does not see."""
+    x = tl.load(ptr + offs, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
     for s in tl.static_range(1, NUM_PARTS):
-        x += tl.load(ptr + s * s_part + offs, mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(ptr + s * s_part + offs, mask=mask, other=0.0,
+                     cache_modifier=CACHE).to(tl.float32)
     return x.to(dt)

@@ -19,8 +19,9 @@ extra launch and no atomics, so a step stays bitwise reproducible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import torch
 import triton
@@ -31,6 +32,7 @@ from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
+from openinfer.models.qwen3.kernels.qkv_rope import check_qkv_args, qkv_rope_head
 
 MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
 
@@ -75,12 +77,12 @@ def _add_norm_epilogue(acc, y_ptr, r_ptr, sq_ptr, cnt_ptr, pid_n, offs_m, offs_n
 
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
-                   sq_in_ptr, s_sqi, tiles_in, nw_ptr, eps, r_ptr, s_rm, sq_out_ptr, s_sqo,
-                   cnt_ptr, GATED: tl.constexpr, ROUND: tl.constexpr, NORMED: tl.constexpr,
-                   ADD_NORM: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+def _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi, tiles_in,
+             nw_ptr, eps, GATED: tl.constexpr, NORMED: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+             DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """This program's fp32 product over its N tile and K range (and the up half's, if
+    ``GATED``): the loop every skinny kernel shares."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -124,6 +126,25 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
         if GATED:
             w_up = tl.load(w_rows + N * s_wn + offs_k[None, :], mask=w_mask, other=0.0)
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
+    return acc, acc_up
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
+                   sq_in_ptr, s_sqi, tiles_in, nw_ptr, eps, r_ptr, s_rm, sq_out_ptr, s_sqo,
+                   cnt_ptr, GATED: tl.constexpr, ROUND: tl.constexpr, NORMED: tl.constexpr,
+                   ADD_NORM: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    acc, acc_up = _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi,
+                           tiles_in, nw_ptr, eps, GATED, NORMED, BLOCK_M, BLOCK_N, BLOCK_K,
+                           BLOCK_T, DOT_PREC, UPCAST, PDL)
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    dt = w_ptr.dtype.element_ty
     if ADD_NORM:
         _add_norm_epilogue(acc, y_ptr, r_ptr, sq_out_ptr, cnt_ptr, pid_n, offs_m, offs_n,
                            m_mask, n_mask, s_ys, s_ym, s_rm, s_sqo, SPLIT_K, dt)
@@ -136,8 +157,42 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
             out = acc.to(dt)
         else:
             out = acc
-        tl.store(y_ptr + split * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
+        tl.store(y_ptr + tl.program_id(1) * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
                  out.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _skinny_qkv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
+                       sq_in_ptr, s_sqi, tiles_in, nw_ptr, eps, cnt_ptr, q_ptr, qw_ptr,
+                       kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr, s_qt, s_qh,
+                       s_c, s_kp, s_ko, s_kh, s_vp, s_vo, s_vh, head_eps, HQ: tl.constexpr,
+                       HK: tl.constexpr, PAGE: tl.constexpr, HALF: tl.constexpr,
+                       NORMED: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
+                       DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """The QKV projection with the q/k norm + RoPE + KV write as its epilogue: the parts
+    are stored as for ``qkv_rope``'s input, and the last program to finish a head's tiles
+    (all splits; for a kv head, its K and its V tiles) runs that head's ``qkv_rope_head``
+    for every row, reading the parts back through L2."""
+    acc, acc_up = _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi,
+                           tiles_in, nw_ptr, eps, False, NORMED, BLOCK_M, BLOCK_N, BLOCK_K,
+                           BLOCK_T, DOT_PREC, UPCAST, PDL)
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = acc
+    if SPLIT_K == 1:
+        out = acc.to(w_ptr.dtype.element_ty)
+    tl.store(y_ptr + tl.program_id(1) * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
+             out.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+    head = (pid_n * BLOCK_N) // (2 * HALF)
+    tiles = (2 * HALF // BLOCK_N) * SPLIT_K          # programs per head
+    group = tl.where(head < HQ + HK, head, head - HK)  # V tiles join their K head
+    if arrive(cnt_ptr + group, tl.where(head < HQ, tiles, 2 * tiles)):
+        for t in range(M):
+            qkv_rope_head(y_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                          kc_ptr, vc_ptr, t, group, s_ys, s_ym, s_qt, s_qh, s_c, s_kp, s_ko,
+                          s_kh, s_vp, s_vo, s_vh, head_eps, HQ, HK, PAGE, SPLIT_K, HALF, ".cg")
 
 
 @dataclass(frozen=True)
@@ -196,29 +251,39 @@ class NormedRows:
         return self.s.shape
 
 
+def _input_args(x: torch.Tensor | NormedRows, w: torch.Tensor, y: torch.Tensor
+                ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+    """The input rows and the kernel arguments that describe the input: (rows, runtime
+    arguments after ``s_wn``..., constexprs)."""
+    normed = isinstance(x, NormedRows)
+    rows = x.s if normed else x
+    assert rows.shape[0] <= MAX_ROWS and rows.stride(-1) == 1 and w.stride(-1) == 1
+    assert w.shape[1] == rows.shape[1]
+    sq, nw, eps = (x.sumsq, x.weight, x.eps) if normed else (y, y, 0.0)
+    args = dict(sq_in_ptr=sq, s_sqi=sq.stride(0), tiles_in=sq.shape[1] if normed else 0,
+                nw_ptr=nw, eps=eps)
+    const = dict(NORMED=normed, BLOCK_T=triton.next_power_of_2(sq.shape[1]) if normed else 1,
+                 BLOCK_M=MAX_ROWS, DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET)
+    return rows, args, const
+
+
+def _k_per_split(k: int, cfg: SkinnyConfig) -> int:
+    return triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+
+
 def _launch(x: torch.Tensor | NormedRows, w: torch.Tensor, y: torch.Tensor, n: int,
             gated: bool, cfg: SkinnyConfig, add_norm: tuple[torch.Tensor, torch.Tensor,
                                                              torch.Tensor] | None = None) -> None:
     """``add_norm``: (residual, sumsq out, counters) of the ``ADD_NORM`` epilogue."""
-    normed = isinstance(x, NormedRows)
-    rows = x.s if normed else x
+    rows, args, const = _input_args(x, w, y)
     M, K = rows.shape
-    assert M <= MAX_ROWS and rows.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
-    per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    sq_in, nw, eps = (x.sumsq, x.weight, x.eps) if normed else (y, y, 0.0)
     res, sq_out, cnt = add_norm if add_norm is not None else (y, y, y)
-    _skinny_kernel[grid](rows, w, y, M, n, K, per_split, rows.stride(0), w.stride(0),
-                         y.stride(0), y.stride(1), sq_in, sq_in.stride(0),
-                         sq_in.shape[1] if normed else 0, nw, eps, res, res.stride(0),
-                         sq_out, sq_out.stride(0), cnt, GATED=gated,
-                         ROUND=cfg.split_k == 1, NORMED=normed, ADD_NORM=add_norm is not None,
-                         SPLIT_K=cfg.split_k, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
-                         BLOCK_K=cfg.block_k,
-                         BLOCK_T=triton.next_power_of_2(sq_in.shape[1]) if normed else 1,
-                         DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
-                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                         **pdl_args(w.device))
+    _skinny_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
+        rows, w, y, M, n, K, _k_per_split(K, cfg), rows.stride(0), w.stride(0), y.stride(0),
+        y.stride(1), *args.values(), res, res.stride(0), sq_out, sq_out.stride(0), cnt,
+        GATED=gated, ROUND=cfg.split_k == 1, ADD_NORM=add_norm is not None,
+        SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **const,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(w.device))
 
 
 def skinny_linear(x: torch.Tensor | NormedRows, w: torch.Tensor,
@@ -251,6 +316,37 @@ def skinny_linear_add_norm(x: torch.Tensor | NormedRows, w: torch.Tensor,
     cnt = arrival_counters(w.device, tiles)
     _launch(x, w, y, N, False, cfg, add_norm=(residual, sumsq, cnt))
     return NormedRows(residual, sumsq, norm_weight, eps)
+
+
+def skinny_qkv_rope_write(x: torch.Tensor | NormedRows, w: torch.Tensor, q_weight: torch.Tensor,
+                          k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          positions: torch.Tensor, eps: float, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_q_heads: int,
+                          cfg: SkinnyConfig | None = None) -> torch.Tensor:
+    """``qkv_rope.qkv_norm_rope_write(skinny_linear(x, w), ...)`` in one launch: the
+    normed, rotated queries ``[M, Hq, D]``; K and V land in the caches."""
+    N, K = w.shape
+    Hk, D = k_cache.shape[2], k_cache.shape[3]
+    check_qkv_args(N, num_q_heads, k_cache, v_cache, cos, sin)
+    if cfg is None:
+        cfg = default_config(N, K, False, True, sm_count(w.device))
+        cfg = replace(cfg, block_n=min(cfg.block_n, D))
+    assert D % cfg.block_n == 0, "a head is a whole number of N tiles"
+    M = x.shape[0]
+    y = torch.empty((cfg.split_k, M, N), dtype=torch.float32 if cfg.split_k > 1 else w.dtype,
+                    device=w.device)
+    q = torch.empty((M, num_q_heads, D), dtype=k_cache.dtype, device=w.device)
+    rows, args, const = _input_args(x, w, y)
+    cnt = arrival_counters(w.device, num_q_heads + Hk)
+    _skinny_qkv_kernel[(triton.cdiv(N, cfg.block_n), cfg.split_k)](
+        rows, w, y, M, N, K, _k_per_split(K, cfg), rows.stride(0), w.stride(0), y.stride(0),
+        y.stride(1), *args.values(), cnt, q, q_weight, k_weight, cos, sin, positions,
+        slot_mapping, k_cache, v_cache, q.stride(0), q.stride(1), cos.stride(0),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], eps, HQ=num_q_heads, HK=Hk,
+        PAGE=k_cache.shape[1], HALF=D // 2, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, **const, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_args(w.device))
+    return q
 
 
 def skinny_gated(x: torch.Tensor | NormedRows, w: torch.Tensor,
