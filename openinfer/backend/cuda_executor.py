@@ -14,9 +14,11 @@ Why it is shaped like this:
   request's ``SamplingParams``; rows of requests with ``temperature > 0`` are then drawn
   with temperature/top-k/top-p from a generator seeded by (request seed, position), so a
   request's tokens do not depend on what else was batched with it.
-* The result comes back as a runtime event: on CUDA the host copies the sampled ids into
-  pinned memory, records a CUDA event and polls it via ``rt.sleep(poll_s)``, so copies and
-  resolves keep making progress while the GPU computes. No clock is read here: device time
+* The result comes back as a runtime event: on CUDA a kernel stores the sampled ids into
+  pinned host memory (``readback``: not through the copy engine, where KV saves would
+  delay it), the host records a CUDA event and polls it via ``rt.sleep(poll_s)``, so
+  copies and resolves keep making progress while the GPU computes. Nothing in a step's
+  launch waits for the GPU (inputs go up through pinned memory, ``batch.upload``). No clock is read here: device time
   comes from CUDA events (``gpu_s``), wall time from ``rt.now()`` (``wall_s``).
 * Each step leaves a :class:`StepTiming` record with the plan-derived counts the
   simulator's step models use, for calibration (``write_timings_jsonl``).
@@ -36,7 +38,7 @@ from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
 from openinfer.backend.fake_executor import _MASK64, _splitmix64
 from openinfer.backend.jsonl import write_jsonl
-from openinfer.models.qwen3.batch import ForwardBatch, SeqInput
+from openinfer.models.qwen3.batch import ForwardBatch, SeqInput, upload
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
 from openinfer.models.qwen3.sampling import SamplingParams as ModelSampling
@@ -268,24 +270,28 @@ class CudaExecutor:
             events[0].record()
         logits, last = self._forward(plan, rows, timing)
         final_idx = [i for i, f in enumerate(rows.final) if f]
-        sel = logits.index_select(0, last[final_idx]) if final_idx else logits[:0]
+        if len(final_idx) == len(rows.final) and last is None:
+            sel = logits                            # one logits row per row, all final
+        elif final_idx:
+            pick = upload(final_idx, torch.int64, self.device)
+            sel = logits.index_select(0, pick if last is None else last.index_select(0, pick))
+        else:
+            sel = logits[:0]
         tokens = self._sample(sel, [rows.req_ids[i] for i in final_idx],
                               [rows.next_pos[i] for i in final_idx])
         logprobs = (sel.gather(1, tokens[:, None])[:, 0] - sel.logsumexp(-1)) if final_idx \
             else sel.new_zeros(0)
         prompt_lp = self._prompt_logprobs(plan, logits) if rows.all_logits else {}
-        if self.on_cuda:
-            tok_host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            lp_host = torch.empty(logprobs.shape, dtype=torch.float32, pin_memory=True)
-            tok_host.copy_(tokens, non_blocking=True)
-            lp_host.copy_(logprobs.float(), non_blocking=True)
+        from openinfer.backend.readback import to_host  # Triton: imported when first needed
+        tok_host, lp_host = to_host(tokens, logprobs)
+        if events is not None:
             events[1].record()
-            return tok_host, lp_host, prompt_lp, events
-        return tokens, logprobs.float(), prompt_lp, None
+        return tok_host, lp_host, prompt_lp, events
 
     def _forward(self, plan: StepPlan, rows: _Rows, timing: StepTiming
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and, per row, the logits row of its last new token."""
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits and, per row, the logits row of its last new token (``None``: row i's
+        is row i)."""
         pure_decode = plan.kind is StepKind.DECODE and not plan.prefill
         graphs = self.graphs
         if pure_decode and graphs is not None and len(rows.seqs) <= graphs.buckets[-1]:
@@ -295,14 +301,13 @@ class CudaExecutor:
                                                padding_page=self.padding_page)
                 timing.graph = True
                 timing.decode_rows_padded = graphs.bucket_for(len(rows.seqs))
-                logits = graphs.run(batch)
-                return logits, torch.arange(len(rows.seqs), device=self.device)
+                return graphs.run(batch), None
         batch = ForwardBatch.from_seqs(rows.seqs, self.block_size, self.device,
                                        padding_page=self.padding_page)
         logits = self.model.forward(batch, self.arena, all_logits=rows.all_logits)
         if rows.all_logits:
             return logits, batch.last_token_index
-        return logits, torch.arange(len(rows.seqs), device=self.device)
+        return logits, None
 
     def _sample(self, logits: torch.Tensor, req_ids: list[int], positions: list[int]) -> torch.Tensor:
         """Greedy, except rows whose request asked for temperature > 0."""

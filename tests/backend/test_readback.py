@@ -1,0 +1,33 @@
+"""The step readback kernel: tokens and logprobs stored straight into host memory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")   # tests/models' conftest
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs the Triton interpreter or a GPU")
+@pytest.mark.parametrize("n", [1, 37, 300])
+def test_the_readback_kernel_copies_every_token_and_logprob(n):
+    from openinfer.backend import readback     # after conftest chose interpreter or GPU
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    tokens = torch.randint(0, 151936, (n,), device=dev)
+    logprobs = -torch.rand(n, device=dev)
+    tok_out = torch.full((n,), -1, dtype=torch.int64, pin_memory=dev == "cuda")
+    lp_out = torch.zeros(n, dtype=torch.float32, pin_memory=dev == "cuda")
+    readback._to_host_kernel[(-(-n // 256),)](tokens, logprobs, tok_out, lp_out, n, BLOCK=256)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    assert torch.equal(tok_out, tokens.cpu()) and torch.equal(lp_out, logprobs.cpu())
+
+
+def test_off_the_gpu_the_tensors_are_already_host_tensors():
+    from openinfer.backend import readback
+    tokens, logprobs = torch.tensor([3, 4]), torch.tensor([-0.5, -1.0], dtype=torch.float64)
+    tok, lp = readback.to_host(tokens, logprobs)
+    assert tok is tokens and lp.dtype == torch.float32 and lp.tolist() == [-0.5, -1.0]
