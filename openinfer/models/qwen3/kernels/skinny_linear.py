@@ -82,7 +82,8 @@ def _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi, t
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
              DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """This program's fp32 product over its N tile and K range (and the up half's, if
-    ``GATED``): the loop every skinny kernel shares."""
+    ``GATED``), with the tile's row/column offsets and masks: the loop every skinny kernel
+    shares."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -126,7 +127,7 @@ def _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi, t
         if GATED:
             w_up = tl.load(w_rows + N * s_wn + offs_k[None, :], mask=w_mask, other=0.0)
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
-    return acc, acc_up
+    return acc, acc_up, offs_m, offs_n, m_mask, n_mask
 
 
 @triton.jit
@@ -136,14 +137,10 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
                    ADD_NORM: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                    DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
-    acc, acc_up = _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi,
-                           tiles_in, nw_ptr, eps, GATED, NORMED, BLOCK_M, BLOCK_N, BLOCK_K,
-                           BLOCK_T, DOT_PREC, UPCAST, PDL)
+    acc, acc_up, offs_m, offs_n, m_mask, n_mask = _product(
+        x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi, tiles_in, nw_ptr,
+        eps, GATED, NORMED, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_T, DOT_PREC, UPCAST, PDL)
     pid_n = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
     dt = w_ptr.dtype.element_ty
     if ADD_NORM:
         _add_norm_epilogue(acc, y_ptr, r_ptr, sq_out_ptr, cnt_ptr, pid_n, offs_m, offs_n,
@@ -174,17 +171,15 @@ def _skinny_qkv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_
     are stored as for ``qkv_rope``'s input, and the last program to finish a head's tiles
     (all splits; for a kv head, its K and its V tiles) runs that head's ``qkv_rope_head``
     for every row, reading the parts back through L2."""
-    acc, acc_up = _product(x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi,
-                           tiles_in, nw_ptr, eps, False, NORMED, BLOCK_M, BLOCK_N, BLOCK_K,
-                           BLOCK_T, DOT_PREC, UPCAST, PDL)
+    acc, acc_up, offs_m, offs_n, m_mask, n_mask = _product(
+        x_ptr, w_ptr, M, N, K, k_per_split, s_xm, s_wn, sq_in_ptr, s_sqi, tiles_in, nw_ptr,
+        eps, False, NORMED, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_T, DOT_PREC, UPCAST, PDL)
     pid_n = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     out = acc
     if SPLIT_K == 1:
         out = acc.to(w_ptr.dtype.element_ty)
     tl.store(y_ptr + tl.program_id(1) * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
-             out.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+             out.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
     head = (pid_n * BLOCK_N) // (2 * HALF)
     tiles = (2 * HALF // BLOCK_N) * SPLIT_K          # programs per head
     group = tl.where(head < HQ + HK, head, head - HK)  # V tiles join their K head
