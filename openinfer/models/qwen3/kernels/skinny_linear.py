@@ -187,7 +187,7 @@ def _skinny_qkv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_
         for t in range(M):
             qkv_rope_head(y_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
                           kc_ptr, vc_ptr, t, group, s_ys, s_ym, s_qt, s_qh, s_c, s_kp, s_ko,
-                          s_kh, s_vp, s_vo, s_vh, head_eps, HQ, HK, PAGE, SPLIT_K, HALF, ".cg")
+                          s_kh, s_vp, s_vo, s_vh, head_eps, HQ, HK, PAGE, SPLIT_K, HALF, True)
 
 
 @dataclass(frozen=True)
