@@ -12,7 +12,7 @@ from bisect import bisect_left
 from dataclasses import asdict, dataclass
 
 from openinfer.backend.buckets import GRAPH_BUCKETS  # spec §1.4, shared with the real executor
-from openinfer.backend.executor import StepKind, StepPlan
+from openinfer.backend.executor import DecodeBatch, StepKind, StepPlan
 
 
 def padded_batch(rows: int, buckets: tuple[int, ...] = GRAPH_BUCKETS) -> int:
@@ -54,6 +54,11 @@ def step_features(plan: StepPlan, pad_unified: bool = False) -> StepFeatures:
             logits += 1
     decode = plan.decode
     rows = len(decode)
-    ctx = sum(r.position for r in decode) + rows if rows else 0
+    if not rows:
+        ctx = 0
+    elif isinstance(decode, DecodeBatch):  # the cohort's arrays: no row objects built
+        ctx = decode.position_sum + rows
+    else:
+        ctx = sum(r.position for r in decode) + rows
     pad = padded_batch(rows) if rows and (plan.kind is StepKind.DECODE or pad_unified) else rows
     return StepFeatures(p_tokens, pairs, p_ctx, logits, rows, pad, ctx)

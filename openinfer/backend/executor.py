@@ -8,9 +8,10 @@ step takes and where its tokens come from.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 from simpy.events import Event
 
@@ -47,11 +48,53 @@ class DecodeRow:
     lora: str | None = None
 
 
+class DecodeBatch:
+    """The decode rows of a step as arrays (the scheduler's decode cohort), in row order.
+
+    A sequence of :class:`DecodeRow`: iterating or indexing it builds the rows once (an
+    executor that needs row objects, as the CUDA one does, gets exactly what a list
+    would hold), while a vectorised executor reads ``req_ids`` / ``positions`` /
+    ``num_prompt`` (numpy int64 arrays) and a step model ``position_sum`` without
+    building any. ``make_rows`` builds the rows (the scheduler brings the requests' KV
+    up to date first)."""
+
+    __slots__ = ("req_ids", "positions", "num_prompt", "_make_rows", "_rows")
+
+    def __init__(self, req_ids: Any, positions: Any, num_prompt: Any,
+                 make_rows: Callable[[], list[DecodeRow]]) -> None:
+        self.req_ids = req_ids
+        self.positions = positions
+        self.num_prompt = num_prompt
+        self._make_rows = make_rows
+        self._rows: list[DecodeRow] | None = None
+
+    def rows(self) -> list[DecodeRow]:
+        if self._rows is None:
+            self._rows = self._make_rows()
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def __bool__(self) -> bool:
+        return len(self.req_ids) > 0
+
+    def __iter__(self) -> Iterator[DecodeRow]:
+        return iter(self.rows())
+
+    def __getitem__(self, i: int) -> DecodeRow:
+        return self.rows()[i]
+
+    @property
+    def position_sum(self) -> int:
+        return int(self.positions.sum())
+
+
 @dataclass
 class StepPlan:
     kind: StepKind
     prefill: list[PrefillRow] = field(default_factory=list)
-    decode: list[DecodeRow] = field(default_factory=list)
+    decode: list[DecodeRow] | DecodeBatch = field(default_factory=list)
 
     @property
     def prefill_tokens(self) -> int:
@@ -75,6 +118,9 @@ class StepResult:
     error: str | None = None
     started_at: float = 0.0
     finished_at: float = 0.0
+    # A DecodeBatch plan answered by a vectorised executor: every decode row's token, in
+    # row order (numpy int64), instead of one ``rows`` entry per decode row.
+    decode_tokens: Any = None
 
 
 class Executor(Protocol):

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
+import numpy as np
 from simpy.events import Event
 
-from openinfer.backend.executor import RowResult, StepKind, StepPlan, StepResult
+from openinfer.backend.executor import DecodeBatch, RowResult, StepKind, StepPlan, StepResult
 from openinfer.runtime import Runtime
 
 StepTime = Callable[[StepPlan], float]
@@ -27,6 +28,22 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+_SM_C0, _SM_C1, _SM_C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_U21, _U27, _U30, _U31 = np.uint64(21), np.uint64(27), np.uint64(30), np.uint64(31)
+
+
+def splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """:func:`_splitmix64` over a uint64 array, in place (numpy's uint64 arithmetic wraps
+    mod 2^64, as the Python version's masks do)."""
+    x += _SM_C0
+    x ^= x >> _U30
+    x *= _SM_C1
+    x ^= x >> _U27
+    x *= _SM_C2
+    x ^= x >> _U31
+    return x
+
+
 def fixed_step_time(prefill_s_per_token: float = 43e-6, decode_s: float = 0.006) -> StepTime:
     def step_time(plan: StepPlan) -> float:
         t = plan.prefill_tokens * prefill_s_per_token + (decode_s if plan.decode else 0.0)
@@ -36,6 +53,10 @@ def fixed_step_time(prefill_s_per_token: float = 43e-6, decode_s: float = 0.006)
 
 class FakeExecutor:
     """Computes nothing; answers seeded tokens after a modelled step time."""
+
+    # Answers a DecodeBatch plan with one token array (StepResult.decode_tokens): the
+    # scheduler may then keep its decode rows as a cohort of arrays (no row objects).
+    vector_decode = True
 
     def __init__(self, rt: Runtime, *, vocab_size: int = 151936, eos_token: int = 151645,
                  step_time: StepTime | None = None, seed: int = 0, max_loras: int = 1,
@@ -56,6 +77,8 @@ class FakeExecutor:
         # for the whole run) keeps none.
         self.log: list[tuple[float, StepKind, int, int]] = []
         self.keep_log = keep_log
+        self._high_for: np.ndarray | None = None  # decode_tokens' cache: ids -> seed/id bits
+        self._high: np.ndarray | None = None
 
     def token(self, req_id: int, position: int) -> int:
         tok = _splitmix64((self.seed << 42) ^ (req_id << 21) ^ position) % self.vocab_size
@@ -108,6 +131,10 @@ class FakeExecutor:
                 rows[p.req_id] = RowResult(self._next(p.req_id, p.kv.num_prompt, 0), logprob=-1.0)
             else:
                 rows[p.req_id] = RowResult(None)
+        decode = plan.decode
+        if isinstance(decode, DecodeBatch):
+            return StepResult(rows, started_at=started, finished_at=self.rt.now(),
+                              decode_tokens=self.decode_tokens(decode))
         # The decode rows are a simulation's hot loop (one per row per token): ``_next`` and
         # ``token`` unrolled, same arithmetic.
         # _splitmix64 is inlined too: a call per row cost more than its arithmetic.
@@ -126,6 +153,31 @@ class FakeExecutor:
                     tok = (tok + 1) % vocab
             rows[rid] = RowResult(tok, -1.0)
         return StepResult(rows, started_at=started, finished_at=self.rt.now())
+
+    def decode_tokens(self, batch: DecodeBatch) -> np.ndarray:
+        """Every row's token at once (int64, row order): the per-row formula of ``_result``
+        (and ``token``/``_next``), EOS avoidance and ``stop_after`` included."""
+        rids = batch.req_ids
+        if rids is not self._high_for:  # the cohort keeps one id array until its rows change
+            self._high_for = rids
+            self._high = np.uint64((self.seed << 42) & _MASK64) ^ (rids.astype(np.uint64) << _U21)
+        position = batch.positions + 1
+        x = splitmix64_array(self._high ^ position.view(np.uint64))
+        x %= np.uint64(self.vocab_size)
+        tok = x.view(np.int64)
+        eos = self.eos_token
+        if eos < self.vocab_size:
+            hit = tok == eos
+            if hit.any():
+                tok[hit] = (eos + 1) % self.vocab_size
+        stop = self.stop_after
+        if stop:
+            completion = (position - batch.num_prompt).tolist()
+            get = stop.get
+            eos_rows = [i for i, (rid, c) in enumerate(zip(rids.tolist(), completion)) if get(rid) == c]
+            if eos_rows:
+                tok[eos_rows] = eos
+        return tok
 
     def _next(self, req_id: int, position: int, completion: int) -> int:
         if self.stop_after.get(req_id) == completion:

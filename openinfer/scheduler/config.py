@@ -50,6 +50,10 @@ class SchedulerConfig:
     request_local_chunks: bool = False
     resolve_poll_interval_s: float = 0.005
     idle_tick_s: float = 0.001        # a scheduler pass with no plan: the Rust loop spins
+    # Decode rows as a cohort of arrays (scheduler/cohort.py) when the executor answers a
+    # DecodeBatch with a token array; False: one DecodeRow and one apply per row per token.
+    # The same effects either way.
+    decode_cohort: bool = True
     switches: SchedulerSwitches = field(default_factory=SchedulerSwitches)
 
     def __post_init__(self) -> None:

@@ -23,6 +23,7 @@ from openinfer.kv.saves import SaveClass, SaveCursor
 from openinfer.kv.store import KvStore
 from openinfer.scheduler.admission import admit, credit
 from openinfer.scheduler.chunking import take_prefill_chunks
+from openinfer.scheduler.cohort import DecodeCohort
 from openinfer.scheduler.config import Role, SchedulerConfig
 from openinfer.scheduler.control import (ControlCommand, ControlOp, ControlResponse, PendingControl,
                                          malformed)
@@ -84,6 +85,9 @@ class Engine:
         self._wake: Event | None = None
         self._next_id = 1
         self._control_seq = 0
+        # Chosen once: the cohort needs an executor that answers a DecodeBatch with tokens.
+        self.cohort = DecodeCohort(self.pool.block_size, executor.eos_token) \
+            if self.cfg.decode_cohort and getattr(executor, "vector_decode", False) else None
         self.process = rt.spawn(self._loop())
 
     # -- client API -------------------------------------------------------------------
@@ -275,6 +279,8 @@ class Engine:
     def _admit(self) -> None:
         if not self.deferred:
             return
+        if self.cohort is not None:
+            self.cohort.refresh_generated(self.active)
         res = admit(self.deferred, self.active, self.prefilling, self.pool,
                     self.store.pinned_blocks(self.rank), self.cfg)
         for p, _reason, message in res.rejected:
@@ -293,7 +299,7 @@ class Engine:
 
     # -- steps ------------------------------------------------------------------------
     def _run_step(self, kind: StepKind, chunks: list[PendingRequest]) -> Generator[Event, Any, None]:
-        plan, ok = build_step(kind, chunks, self.active, self.pool, self.cfg.prefix_cache)
+        plan, ok = build_step(kind, chunks, self.active, self.pool, self.cfg.prefix_cache, self.cohort)
         self.steps += 1
         if not ok:
             self._fail_step(plan, chunks, KV_ALLOCATION_FAILED)
@@ -312,6 +318,8 @@ class Engine:
         clears ``active`` unconditionally, which after a forced prefill-only step drops
         decoding requests that were not in it (S1); fixed keeps them decoding."""
         self._emit("step_failed", plan=plan, error=error)
+        if self.cohort is not None:
+            self.cohort.sync_all()  # the rows' tokens so far, before they are dropped
         targets_prefill = chunks
         targets_active = list(self.active) if plan.kind is not StepKind.PREFILL else []
         for p in targets_prefill:
@@ -324,6 +332,8 @@ class Engine:
             self._drop_active(a)
         if targets_active or not self.cfg.switches.failed_prefill_keeps_decodes:
             self.active.clear()  # S1 when nothing was failed: decodes vanish, pages leak
+            if self.cohort is not None:
+                self.cohort.clear()
 
     def _apply(self, plan: StepPlan, chunks: list[PendingRequest], result: StepResult) -> None:
         finishes: list[Finish] = []
@@ -363,17 +373,26 @@ class Engine:
             else:
                 assert p.kv is not None
                 promoted.append(ActiveRequest(p.id, p.req, p.sink, p.kv, p.cursor, tok, 1, p.queued_at))
+        cohort = self.cohort
         if plan.decode:
-            keep: list[ActiveRequest] = []
-            self._apply_decode(plan, result, finishes, keep)
-            self.active = keep
+            if cohort is not None:
+                now = self.rt.now()
+                self.active = cohort.apply(self.active, result.decode_tokens, now,
+                                           lambda a, tok: self._decode_row(a, tok, now, finishes))
+            else:
+                keep: list[ActiveRequest] = []
+                self._apply_decode(plan, result, finishes, keep)
+                self.active = keep
         self.active.extend(promoted)
+        if cohort is not None:
+            cohort.extend(promoted)
         if finishes:
             self._release_finished(finishes)
 
     def _apply_decode(self, plan: StepPlan, result: StepResult, finishes: list[Finish],
                       keep: list[ActiveRequest]) -> None:
-        """The decode rows of a step: the hot loop of a simulation (one pass per row per token).
+        """The decode rows of a step, one at a time (the executors without ``vector_decode``,
+        e.g. CUDA; with it, the decode cohort sends only its due rows through ``_decode_row``).
 
         Same effects, in the same order, as one row at a time through the generic path;
         only the bookkeeping is cheaper: time is read once (it cannot move inside a pass),
@@ -384,14 +403,12 @@ class Engine:
         request left ``saved_blocks >= registered``, so with ``registered`` unchanged it
         would return 0 without touching anything. ``kv.max_tokens`` is the request's.
         """
-        eos = self.executor.eos_token
         now = self.rt.now()
         rows = result.rows
         active = self.active
         paired = len(active) == len(plan.decode)
         active_by_id: dict[int, ActiveRequest] | None = None
-        seal, rank, cacheable = self.store.seal, self.rank, SaveClass.CACHEABLE
-        add = keep.append
+        decode_row = self._decode_row
         for i, row in enumerate(plan.decode):
             rid = row.req_id
             if paired and active[i].id == rid:
@@ -402,25 +419,32 @@ class Engine:
                 a = active_by_id[rid]
             tok = rows[rid].token
             assert tok is not None
-            kv = a.kv
-            if kv.apply_decode(tok):
-                seal(rank, kv, a.cursor, cacheable)
-            completion = a.generated + 1
-            if tok == eos and not a.req.params.ignore_eos:
-                finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at),
-                                       a.cursor))
-                self._drop_active(a)
-            elif completion >= kv.max_tokens:
-                a.sink.send_token(now, tok)
-                finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at),
-                                       a.cursor))
-                self._drop_active(a)
-            elif not a.sink.send_token(now, tok):
-                self._drop_active(a)
-            else:
-                a.generated = completion
-                a.last_token = tok
-                add(a)
+            if decode_row(a, tok, now, finishes):
+                keep.append(a)
+
+    def _decode_row(self, a: ActiveRequest, tok: int, now: float, finishes: list[Finish]) -> bool:
+        """One decode row's effects (its KV scheduled): True if the request stays active."""
+        kv = a.kv
+        if kv.apply_decode(tok):
+            self.store.seal(self.rank, kv, a.cursor, SaveClass.CACHEABLE)
+        completion = a.generated + 1
+        if tok == self.executor.eos_token and not a.req.params.ignore_eos:
+            finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at),
+                                   a.cursor))
+            self._drop_active(a)
+            return False
+        if completion >= kv.max_tokens:
+            a.sink.send_token(now, tok)
+            finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.LENGTH, completion, a.queued_at),
+                                   a.cursor))
+            self._drop_active(a)
+            return False
+        if not a.sink.send_token(now, tok):
+            self._drop_active(a)
+            return False
+        a.generated = completion
+        a.last_token = tok
+        return True
 
     def _finished(self, rid: int, reason: FinishReason, completion: int, queued_at: float) -> RequestEvent:
         return RequestEvent(EventKind.FINISHED, rid, self.rt.now(), reason=reason,

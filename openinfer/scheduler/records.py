@@ -52,6 +52,7 @@ class ActiveRequest:
     last_token: int
     generated: int
     queued_at: float
+    slot: int = -1  # the decode cohort's slot while it holds this request
 
     @property
     def prompt_len(self) -> int:

@@ -129,6 +129,16 @@ class TokenSink:
         self.on_event = on_event
         self.terminal: Event = rt.event()
         self._waiters: list[Event] = []
+        # Set while the engine's decode cohort holds tokens of this stream it has not yet
+        # delivered: called before the stream is read, watched (next_event) or closed
+        # (abort), it delivers them and keeps the request on the per-token path from then on.
+        self.pending: Callable[[], None] | None = None
+
+    def _deliver_pending(self) -> None:
+        pending = self.pending
+        if pending is not None:
+            self.pending = None
+            pending()
 
     @property
     def abort(self) -> AbortState:
@@ -136,11 +146,18 @@ class TokenSink:
 
     @abort.setter
     def abort(self, state: AbortState) -> None:
+        if self.pending is not None:
+            self._deliver_pending()  # tokens generated before the client left were sent
         self.abort_cell.state = state
 
     @property
     def events(self) -> list[RequestEvent]:
         """The whole stream as events (the compact run is materialized once, here)."""
+        if self.pending is not None:
+            self._deliver_pending()
+        return self._materialize()
+
+    def _materialize(self) -> list[RequestEvent]:
         if self._run_tokens:
             rid, kind = self.req_id, EventKind.TOKEN
             self._events.extend(RequestEvent(kind, rid, t, tok) for t, tok in zip(self._run_times, self._run_tokens))
@@ -153,6 +170,8 @@ class TokenSink:
 
     def stream(self) -> tuple[list[RequestEvent], array]:
         """(every non-token event in order, the times of every token in order)."""
+        if self.pending is not None:
+            self._deliver_pending()
         if self._loose_tokens:
             events = self.events
             return ([e for e in events if e.kind is not EventKind.TOKEN],
@@ -160,6 +179,8 @@ class TokenSink:
         return self._events + self._after_run, self._run_times
 
     def tokens(self) -> list[int]:
+        if self.pending is not None:
+            self._deliver_pending()
         if self._loose_tokens:
             return [e.token for e in self.events if e.kind is EventKind.TOKEN and e.token is not None]
         return list(self._run_tokens)
@@ -183,6 +204,16 @@ class TokenSink:
             self.on_event(RequestEvent(EventKind.TOKEN, self.req_id, time, token))
         return True
 
+    def send_tokens(self, times: list[float], tokens: list[int]) -> None:
+        """Deliver tokens generated earlier (the decode cohort's catch-up), exactly as the
+        same ``send_token`` calls at their times would have: only for a stream that had no
+        waiter, no ``on_event`` and was open then (the cohort sends such streams' tokens
+        one by one)."""
+        if self._after_run:
+            self._materialize()
+        self._run_times.extend(times)
+        self._run_tokens.extend(tokens)
+
     def send(self, event: RequestEvent) -> bool:
         """Deliver an event; False once the client has gone (the engine drops the request)."""
         if self.abort_cell.state is not _NOT_ABORTED:
@@ -205,6 +236,8 @@ class TokenSink:
         return True
 
     def next_event(self) -> Event:
+        if self.pending is not None:
+            self._deliver_pending()
         ev = self.rt.event()
         self._waiters.append(ev)
         return ev

@@ -9,12 +9,16 @@ the KV position, so prefix hits and chunking compose.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from openinfer.backend.executor import DecodeRow, PrefillRow, StepKind, StepPlan
 from openinfer.kv.hashing import salt_hash
 from openinfer.kv.pool import BlockPool
 from openinfer.kv.request_kv import KvState, RequestKv
 from openinfer.scheduler.records import ActiveRequest, PendingRequest
+
+if TYPE_CHECKING:
+    from openinfer.scheduler.cohort import DecodeCohort
 
 
 def choose_kind(chunks: Sequence[PendingRequest], active: Sequence[ActiveRequest]) -> StepKind | None:
@@ -30,8 +34,9 @@ def choose_kind(chunks: Sequence[PendingRequest], active: Sequence[ActiveRequest
 
 
 def build_step(kind: StepKind, chunks: Sequence[PendingRequest], active: Sequence[ActiveRequest],
-               pool: BlockPool, prefix_cache: bool) -> tuple[StepPlan, bool]:
-    """Schedule every row's KV; (plan, ok). On failure the plan's draws are already undone."""
+               pool: BlockPool, prefix_cache: bool, cohort: DecodeCohort | None = None) -> tuple[StepPlan, bool]:
+    """Schedule every row's KV; (plan, ok). On failure the plan's draws are already undone.
+    With a ``cohort`` (holding ``active``) the decode rows are its DecodeBatch."""
     plan = StepPlan(kind)
     ok = True
     for p in chunks:
@@ -49,7 +54,9 @@ def build_step(kind: StepKind, chunks: Sequence[PendingRequest], active: Sequenc
         plan.prefill.append(PrefillRow(p.id, kv, start, p.req.prompt[start:start + n],
                                        is_final=start + n == p.prompt_len, lora=p.req.lora,
                                        all_logits=p.req.echo and p.req.logprobs))
-    if ok and kind is not StepKind.PREFILL:
+    if ok and kind is not StepKind.PREFILL and cohort is not None:
+        ok = cohort.schedule(plan, active)
+    elif ok and kind is not StepKind.PREFILL:
         add_row = plan.decode.append  # once per row per token in a simulation
         for a in active:
             kv = a.kv
