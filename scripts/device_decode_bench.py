@@ -234,18 +234,16 @@ def worker(label: str, out: Path) -> None:
 def graph_time(fns: list[Callable[[], Any]], replays: int = 7) -> float:
     """Seconds per call of ``fns`` (run in turn inside one CUDA graph), median of replays."""
     import torch
-    from openinfer.models.qwen3.kernels._pdl import graph_launches
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with graph_launches():
-        with torch.cuda.stream(s):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for f in fns:
-                f()
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
     g.replay()
     torch.cuda.synchronize()
     times = []

@@ -17,7 +17,6 @@ import torch
 from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.errors import require
 from openinfer.models.qwen3.batch import ForwardBatch
-from openinfer.models.qwen3.kernels._pdl import graph_launches
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
 
@@ -53,12 +52,7 @@ class DecodeGraphs:
                             max_query_len=1, is_decode=True)
 
     def capture(self) -> None:
-        """Capture the largest bucket first so smaller ones reuse its memory pool. Kernels
-        are launched with programmatic dependent launch here only (``kernels._pdl``)."""
-        with graph_launches():
-            self._capture()
-
-    def _capture(self) -> None:
+        """Capture the largest bucket first so smaller ones reuse its memory pool."""
         pool = None
         for b in reversed(self.buckets):
             batch = self._batch(b)

@@ -59,20 +59,18 @@ class Qwen3Model:
         new tokens with ``all_logits``), in fp32. Writes the new K/V into ``arena``.
 
         Each projection's residual add is fused with the RMSNorm that follows it (the
-        next layer's input norm, or the final norm after the last layer); in a decode
-        batch the backend may fold both into the projections (``ops.linear_add_norm``)."""
+        next layer's input norm, or the final norm after the last layer)."""
         self._check_arena(arena)
         eps, layers = self.cfg.rms_norm_eps, self.w.layers
         residual = F.embedding(batch.input_ids, self.w.embed_tokens)
         x = self.ops.rms_norm(residual, layers[0].input_norm, eps)
-        fuse = batch.is_decode
         for i, lw in enumerate(layers):
             attn = self._attention(i, lw, x, batch, arena)
-            x, residual = self.ops.linear_add_norm(attn, lw.o_proj, residual, lw.post_norm,
-                                                   eps, fuse)
+            x, residual = self.ops.add_rms_norm(self.ops.linear(attn, lw.o_proj), residual,
+                                                lw.post_norm, eps)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.norm
-            x, residual = self.ops.linear_add_norm(self.ops.gate_up_silu(x, lw.gate_up_proj),
-                                                   lw.down_proj, residual, next_norm, eps, fuse)
+            down = self.ops.linear(self.ops.gate_up_silu(x, lw.gate_up_proj), lw.down_proj)
+            x, residual = self.ops.add_rms_norm(down, residual, next_norm, eps)
         if not (all_logits or batch.is_decode):   # decode: every row is a last token
             x = x.index_select(0, batch.last_token_index)
         return self.ops.lm_head(x, self.w.lm_head)
@@ -86,9 +84,10 @@ class Qwen3Model:
         """Attention output ``[T, q_size]``, before ``o_proj``; K/V of the new tokens are
         written into layer ``i`` of the arena on the way."""
         c = self.cfg
-        q = self.ops.qkv_rope_write(x, lw.qkv_proj, lw.q_norm, lw.k_norm, self.cos, self.sin,
-                                    batch.positions, c.rms_norm_eps, arena.k(i), arena.v(i),
-                                    batch.slot_mapping, c.num_attention_heads)
+        q = self.ops.qkv_norm_rope_write(self.ops.linear(x, lw.qkv_proj), lw.q_norm, lw.k_norm,
+                                         self.cos, self.sin, batch.positions, c.rms_norm_eps,
+                                         arena.k(i), arena.v(i), batch.slot_mapping,
+                                         c.num_attention_heads)
         o = self.ops.attention(q, arena.k(i), arena.v(i), batch, self.scale)
         return o.view(x.shape[0], c.q_size)
 

@@ -7,14 +7,10 @@ new backend (FlashInfer, say) is one more class.
 
 Projections return *parts* ``[S, T, N]`` (``kernels/_parts.py``): the Triton backend's
 decode GEMM may leave split-K partial sums for the next fused op to add, so the two
-consumers of a projection (``add_rms_norm``, ``qkv_norm_rope_write``) take parts. In a
-decode batch the Triton backend goes further: ``linear_add_norm`` leaves the RMSNorm to the
-next projection (``NormedRows``), so a layer's two norms cost no launch.
+consumers of a projection (``add_rms_norm``, ``qkv_norm_rope_write``) take parts.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,28 +38,12 @@ class ReferenceOps:
         """``residual += merged parts``, then RMSNorm: ``(normed, new residual)``."""
         return self.r.add_rms_norm(self.r.merge_parts(parts, residual.dtype), residual, w, eps)
 
-    def linear_add_norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
-                        norm_w: torch.Tensor, eps: float, fuse: bool = False
-                        ) -> tuple[Any, torch.Tensor]:
-        """A projection, its residual add and the RMSNorm that follows: ``(normed input
-        of the next projection, new residual)``. ``fuse`` (decode batches: every row is a
-        last token) lets a backend hand the norm to the next projection instead."""
-        return self.add_rms_norm(self.linear(x, w), residual, norm_w, eps)
-
     def qkv_norm_rope_write(self, qkv: torch.Tensor, q_w: torch.Tensor, k_w: torch.Tensor,
                             cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                             eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
         return self.r.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
                                           v_cache, slot_mapping, num_q_heads)
-
-    def qkv_rope_write(self, x: Any, w: torch.Tensor, q_w: torch.Tensor, k_w: torch.Tensor,
-                       cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                       eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor, num_q_heads: int) -> torch.Tensor:
-        """The QKV projection, then ``qkv_norm_rope_write``: the queries ``[T, Hq, D]``."""
-        return self.qkv_norm_rope_write(self.linear(x, w), q_w, k_w, cos, sin, positions, eps,
-                                        k_cache, v_cache, slot_mapping, num_q_heads)
 
     def gate_up_silu(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``silu(x W_gate^T) * (x W_up^T)`` from the fused ``[2I, K]`` weight."""
@@ -105,27 +85,10 @@ class TritonOps(ReferenceOps):
     def add_rms_norm(self, parts, residual, w, eps):
         return self.k.rms_norm(parts, w, eps, residual=residual)
 
-    def linear_add_norm(self, x, w, residual, norm_w, eps, fuse=False):
-        """Fused (skinny decode rows): the residual add is the GEMM's epilogue and the
-        norm is applied where the next projection loads its input (``NormedRows``)."""
-        if fuse and self._skinny(x):
-            normed = self.k.skinny_linear_add_norm(x, w, residual, norm_w, eps)
-            return normed, normed.s
-        return super().linear_add_norm(x, w, residual, norm_w, eps)
-
     def qkv_norm_rope_write(self, qkv, q_w, k_w, cos, sin, positions, eps, k_cache, v_cache,
                             slot_mapping, num_q_heads):
         return self.k.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
                                           v_cache, slot_mapping, num_q_heads)
-
-    def qkv_rope_write(self, x, w, q_w, k_w, cos, sin, positions, eps, k_cache, v_cache,
-                       slot_mapping, num_q_heads):
-        """Skinny rows: one launch, the norm + RoPE + KV write as the GEMM's epilogue."""
-        if self._skinny(x):
-            return self.k.skinny_qkv_rope_write(x, w, q_w, k_w, cos, sin, positions, eps,
-                                                k_cache, v_cache, slot_mapping, num_q_heads)
-        return super().qkv_rope_write(x, w, q_w, k_w, cos, sin, positions, eps, k_cache,
-                                      v_cache, slot_mapping, num_q_heads)
 
     def gate_up_silu(self, x, w):
         return self.k.skinny_gated(x, w) if self._skinny(x) else super().gate_up_silu(x, w)

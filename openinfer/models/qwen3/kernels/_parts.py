@@ -11,19 +11,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _load(ptr, mask, CG: tl.constexpr):
-    if CG:
-        return tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
-    else:
-        return tl.load(ptr, mask=mask, other=0.0)
-
-
-@triton.jit
-def load_parts(ptr, s_part, offs, mask, NUM_PARTS: tl.constexpr, dt: tl.constexpr,
-               CG: tl.constexpr):
-    """``CG`` reads through L2 only (``.cg``): for parts other programs of the same launch
-    wrote (``_arrivals``), which this SM's L1 does not see."""
-    x = _load(ptr + offs, mask, CG).to(tl.float32)
+def load_parts(ptr, s_part, offs, mask, NUM_PARTS: tl.constexpr, dt: tl.constexpr):
+    x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
     for s in tl.static_range(1, NUM_PARTS):
-        x += _load(ptr + s * s_part + offs, mask, CG).to(tl.float32)
+        x += tl.load(ptr + s * s_part + offs, mask=mask, other=0.0).to(tl.float32)
     return x.to(dt)

@@ -6,17 +6,12 @@ while its predecessor still runs; it must then call ``pdl_wait`` before it touch
 memory an earlier kernel writes or reads (everything but the weights, which no kernel of a
 step writes). ``pdl_wait`` waits for the predecessor's completion and memory flush (and so,
 transitively, for every earlier kernel), then lets the successor launch: the look-ahead is
-one kernel. Only launches inside ``graph_launches()`` (the decode graphs' warm-up and
-capture) use it: replayed, kernels run back to back on the GPU, where the overlap pays; an
-eager step is bound by the host's launch time, which PDL does not shorten. Off under the
-interpreter, on pre-Hopper GPUs, and with ``OPENINFER_PDL=0``.
+one kernel. Off under the interpreter, on pre-Hopper GPUs, and with ``OPENINFER_PDL=0``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -38,24 +33,8 @@ def _capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-_graph_launches = 0
-
-
-@contextmanager
-def graph_launches() -> Iterator[None]:
-    """Launches in this block are for a CUDA graph (warm-up included, so that the PDL
-    variant of each kernel is compiled before capture starts)."""
-    global _graph_launches
-    _graph_launches += 1
-    try:
-        yield
-    finally:
-        _graph_launches -= 1
-
-
 def pdl_enabled(device: torch.device) -> bool:
-    if INTERPRET or not _graph_launches or device.type != "cuda" \
-            or os.environ.get("OPENINFER_PDL", "1") == "0":
+    if INTERPRET or device.type != "cuda" or os.environ.get("OPENINFER_PDL", "1") == "0":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -27,7 +27,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, ro_ptr, s_xs, s_x, s_r, s_o, s_
     dt = o_ptr.dtype.element_ty
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)        # a weight: safe before the wait
     pdl_wait(PDL)
-    x = load_parts(x_ptr + row * s_x, s_xs, cols, mask, NUM_PARTS, dt, False)
+    x = load_parts(x_ptr + row * s_x, s_xs, cols, mask, NUM_PARTS, dt)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * s_r + cols, mask=mask, other=0.0)
         x = (r.to(tl.float32) + x.to(tl.float32)).to(dt)

@@ -20,12 +20,12 @@ from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 
 @triton.jit
 def _norm_rope(src, s_part, w_ptr, c, s, eps, NUM_PARTS: tl.constexpr, HALF: tl.constexpr,
-               dt: tl.constexpr, CG: tl.constexpr):
+               dt: tl.constexpr):
     """RMSNorm over one head (two halves of ``HALF``) then rotate-half RoPE."""
     offs = tl.arange(0, HALF)
     mask = offs < HALF
-    x1 = load_parts(src, s_part, offs, mask, NUM_PARTS, dt, CG)
-    x2 = load_parts(src + HALF, s_part, offs, mask, NUM_PARTS, dt, CG)
+    x1 = load_parts(src, s_part, offs, mask, NUM_PARTS, dt)
+    x2 = load_parts(src + HALF, s_part, offs, mask, NUM_PARTS, dt)
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
     w1 = tl.load(w_ptr + offs).to(tl.float32)
@@ -38,23 +38,22 @@ def _norm_rope(src, s_part, w_ptr, c, s, eps, NUM_PARTS: tl.constexpr, HALF: tl.
 
 
 @triton.jit
-def qkv_rope_head(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, kc_ptr,
-                  vc_ptr, t, h, s_xs, s_xt, s_qt, s_qh, s_c, s_kp, s_ko, s_kh, s_vp, s_vo, s_vh,
-                  eps, HQ: tl.constexpr, HK: tl.constexpr, PAGE: tl.constexpr,
-                  NUM_PARTS: tl.constexpr, HALF: tl.constexpr, CG: tl.constexpr):
-    """Head ``h`` of token ``t``: a query head (``h < HQ``) normed and rotated into ``q``,
-    or kv head ``h - HQ``: K normed and rotated, and V, into the token's arena slot. The
-    whole work of one program of this kernel, and of the QKV projection's fused epilogue
-    (``skinny_linear.skinny_qkv_rope_write``)."""
+def _qkv_rope_write_kernel(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                           kc_ptr, vc_ptr, s_xs, s_xt, s_qt, s_qh, s_c, s_kp, s_ko, s_kh,
+                           s_vp, s_vo, s_vh, eps, HQ: tl.constexpr, HK: tl.constexpr,
+                           PAGE: tl.constexpr, NUM_PARTS: tl.constexpr, HALF: tl.constexpr,
+                           PDL: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
     offs = tl.arange(0, HALF)
+    pdl_wait(PDL)
     dt = q_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * s_c + offs).to(tl.float32)   # HF's table repeats its halves
     s = tl.load(sin_ptr + pos * s_c + offs).to(tl.float32)
     row = x_ptr + t * s_xt
     if h < HQ:
-        o1, o2 = _norm_rope(row + h * (2 * HALF), s_xs, qw_ptr, c, s, eps, NUM_PARTS, HALF, dt,
-                            CG)
+        o1, o2 = _norm_rope(row + h * (2 * HALF), s_xs, qw_ptr, c, s, eps, NUM_PARTS, HALF, dt)
         dst = q_ptr + t * s_qt + h * s_qh
         tl.store(dst + offs, o1)
         tl.store(dst + HALF + offs, o2)
@@ -65,40 +64,16 @@ def qkv_rope_head(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_
         page = tl.where(slot >= 0, slot // PAGE, 0)
         off = tl.where(slot >= 0, slot % PAGE, 0)
         k1, k2 = _norm_rope(row + (HQ + j) * (2 * HALF), s_xs, kw_ptr, c, s, eps, NUM_PARTS,
-                            HALF, dt, CG)
+                            HALF, dt)
         k_dst = kc_ptr + page * s_kp + off * s_ko + j * s_kh
         tl.store(k_dst + offs, k1, mask=keep)
         tl.store(k_dst + HALF + offs, k2, mask=keep)
         v_src = row + (HQ + HK + j) * (2 * HALF)
-        v1 = load_parts(v_src, s_xs, offs, keep, NUM_PARTS, dt, CG)
-        v2 = load_parts(v_src + HALF, s_xs, offs, keep, NUM_PARTS, dt, CG)
+        v1 = load_parts(v_src, s_xs, offs, keep, NUM_PARTS, dt)
+        v2 = load_parts(v_src + HALF, s_xs, offs, keep, NUM_PARTS, dt)
         v_dst = vc_ptr + page * s_vp + off * s_vo + j * s_vh
         tl.store(v_dst + offs, v1, mask=keep)
         tl.store(v_dst + HALF + offs, v2, mask=keep)
-
-
-@triton.jit
-def _qkv_rope_write_kernel(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                           kc_ptr, vc_ptr, s_xs, s_xt, s_qt, s_qh, s_c, s_kp, s_ko, s_kh,
-                           s_vp, s_vo, s_vh, eps, HQ: tl.constexpr, HK: tl.constexpr,
-                           PAGE: tl.constexpr, NUM_PARTS: tl.constexpr, HALF: tl.constexpr,
-                           PDL: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    pdl_wait(PDL)
-    qkv_rope_head(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, kc_ptr,
-                  vc_ptr, t, h, s_xs, s_xt, s_qt, s_qh, s_c, s_kp, s_ko, s_kh, s_vp, s_vo, s_vh,
-                  eps, HQ, HK, PAGE, NUM_PARTS, HALF, False)
-
-
-def check_qkv_args(width: int, num_q_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor) -> None:
-    Hk, D = k_cache.shape[2], k_cache.shape[3]
-    assert width == (num_q_heads + 2 * Hk) * D
-    assert D % 2 == 0 and triton.next_power_of_2(D // 2) == D // 2, \
-        "the Triton head norm needs a power-of-two head_dim"
-    assert cos.stride() == sin.stride() and cos.stride(-1) == 1
-    assert k_cache.stride(-1) == v_cache.stride(-1) == 1
 
 
 def qkv_norm_rope_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -110,8 +85,11 @@ def qkv_norm_rope_write(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: tor
     the normed, rotated queries ``[T, Hq, D]``; K and V land in the caches."""
     S, T, width = qkv.shape
     Hk, D = k_cache.shape[2], k_cache.shape[3]
-    assert qkv.stride(-1) == 1
-    check_qkv_args(width, num_q_heads, k_cache, v_cache, cos, sin)
+    assert width == (num_q_heads + 2 * Hk) * D and qkv.stride(-1) == 1
+    assert D % 2 == 0 and triton.next_power_of_2(D // 2) == D // 2, \
+        "the Triton head norm needs a power-of-two head_dim"
+    assert cos.stride() == sin.stride() and cos.stride(-1) == 1
+    assert k_cache.stride(-1) == v_cache.stride(-1) == 1
     q = torch.empty((T, num_q_heads, D), dtype=k_cache.dtype, device=qkv.device)
     if T:
         _qkv_rope_write_kernel[(T, num_q_heads + Hk)](
