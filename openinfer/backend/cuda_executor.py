@@ -18,8 +18,9 @@ Why it is shaped like this:
   pinned host memory (``readback``: not through the copy engine, where KV saves would
   delay it), the host records a CUDA event and polls it via ``rt.sleep(poll_s)``, so
   copies and resolves keep making progress while the GPU computes. Nothing in a step's
-  launch waits for the GPU (inputs go up through pinned memory, ``batch.upload``). No clock is read here: device time
-  comes from CUDA events (``gpu_s``), wall time from ``rt.now()`` (``wall_s``).
+  launch waits for the GPU (inputs go up through pinned memory, ``batch.upload``). No
+  clock is read here: device time comes from CUDA events (``gpu_s``), wall time from
+  ``rt.now()`` (``wall_s``).
 * Each step leaves a :class:`StepTiming` record with the plan-derived counts the
   simulator's step models use, for calibration (``write_timings_jsonl``).
 """
@@ -148,6 +149,7 @@ class CudaExecutor:
         rather than during a step. Call before the pool hands out pages: it writes only
         pages other than the padding page and zeroes them afterwards. Returns the number of
         steps run (a step that needs more pages than the arena has is left out)."""
+        from openinfer.backend.readback import to_host  # Triton: imported when first needed
         bs = self.block_size
         free = [p for p in range(self.arena.num_pages) if p != self.padding_page]
         touched = 0
@@ -162,7 +164,7 @@ class CudaExecutor:
                 used += n
             batch = ForwardBatch.from_seqs(seqs, bs, self.device, padding_page=self.padding_page)
             logits = self.model.forward(batch, self.arena)
-            logits.argmax(-1), logits.logsumexp(-1)
+            to_host(logits.argmax(-1), logits.logsumexp(-1))   # the readback kernel too
             touched = max(touched, used)
             ran += 1
         if self.on_cuda:
