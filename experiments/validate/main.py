@@ -2,7 +2,7 @@
 
     python -m experiments.validate report=$OUT/validate.json out_dir=$OUT \
         [sections=golden,offload,served,bench,steps] [golden_sizes=0.6b,4b] [bench_size=4b]
-        [served_size=4b] [quick=false] [device=cuda]
+        [served_size=4b] [quick=false] [device=cuda] [prefill_graphs=false]
 
 One JSON report (written again after every section, so a run cut short still leaves what
 it measured): the environment (GPU, driver, torch/triton/transformers versions, date), then
@@ -51,6 +51,7 @@ class ValidateConfig:
     scratch: str | None = None              # where checkpoints go (default: tmpfs or /tmp)
     keep_checkpoints: bool = False
     served_timeout_s: float = 240.0
+    prefill_graphs: bool = False            # served runs replay prompt steps as CUDA graphs
 
     def __post_init__(self) -> None:
         require(bool(self.report), "report", self.report, "a path for the JSON report")

@@ -83,10 +83,11 @@ class StepTiming:
     decode_positions: list[int]     # per decode row: the position of its input token
     decode_rows: int
     decode_rows_padded: int         # rows actually run: the graph bucket, else decode_rows
-    graph: bool                     # replayed a CUDA graph
+    graph: bool                     # replayed a decode CUDA graph
     gpu_s: float | None = None      # CUDA-event time of forward + sampling (None on CPU)
     wall_s: float = 0.0             # rt.now() from execute() to the result
     error: str | None = None
+    prefill_graph: tuple[int, int] | None = None  # (tokens, seqs) bucket of the prefill graph replayed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +110,8 @@ class CudaExecutor:
     def __init__(self, rt: Runtime, model: Qwen3Model, arena: KVArena, *, padding_page: int = 0,
                  max_pages_per_seq: int | None = None, cuda_graphs: bool | None = None,
                  graph_buckets: Sequence[int] | None = None, eos_token: int | None = None,
-                 poll_s: float = 2e-5, seed: int = 0, transfer: Any = None) -> None:
+                 poll_s: float = 2e-5, seed: int = 0, transfer: Any = None,
+                 prefill_graphs: bool = False) -> None:
         self.rt = rt
         self.model = model
         self.arena = arena
@@ -128,20 +130,27 @@ class CudaExecutor:
         self.graph_buckets = list(graph_buckets) if graph_buckets is not None else None
         self.graphs: Any = None
         self._want_graphs = bool(want_graphs)
+        self._want_prefill_graphs = bool(prefill_graphs)
+        self.prefill_graphs: Any = None
         self.params: dict[int, Any] = {}  # req_id -> scheduler SamplingParams (via observe)
         self.steps = 0
         self.timings: list[StepTiming] = []
 
     # -- set-up ------------------------------------------------------------------------
     def capture_graphs(self) -> None:
-        """Capture the decode buckets (slow: compile + warm-up per bucket), once."""
-        if not self._want_graphs or self.graphs is not None:
-            return
-        from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
-        buckets = self.graph_buckets or list(GRAPH_BUCKETS)
-        self.graphs = DecodeGraphs(self.model, self.arena, self.max_pages_per_seq, buckets,
-                                   padding_page=self.padding_page)
-        self.graphs.capture()
+        """Capture the decode buckets (slow: compile + warm-up per bucket), once; and the
+        prefill buckets when asked for (``prefill_graphs``)."""
+        if self._want_graphs and self.graphs is None:
+            from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
+            buckets = self.graph_buckets or list(GRAPH_BUCKETS)
+            self.graphs = DecodeGraphs(self.model, self.arena, self.max_pages_per_seq, buckets,
+                                       padding_page=self.padding_page)
+            self.graphs.capture()
+        if self._want_prefill_graphs and self.prefill_graphs is None:
+            from openinfer.models.qwen3.prefill_graphs import PrefillGraphs
+            self.prefill_graphs = PrefillGraphs(self.model, self.arena, self.max_pages_per_seq,
+                                                padding_page=self.padding_page)
+            self.prefill_graphs.capture()
 
     @torch.inference_mode()
     def warm_up(self, steps: Sequence[tuple[tuple[int, int], ...]] = WARM_UP_STEPS) -> int:
@@ -304,6 +313,12 @@ class CudaExecutor:
                 timing.graph = True
                 timing.decode_rows_padded = graphs.bucket_for(len(rows.seqs))
                 return graphs.run(batch), None
+        pg = self.prefill_graphs
+        if pg is not None and not pure_decode and not rows.all_logits:
+            key = pg.bucket_for(sum(len(s.token_ids) for s in rows.seqs), len(rows.seqs))
+            if key is not None:
+                timing.prefill_graph = key
+                return pg.run(rows.seqs, key), None
         batch = ForwardBatch.from_seqs(rows.seqs, self.block_size, self.device,
                                        padding_page=self.padding_page)
         logits = self.model.forward(batch, self.arena, all_logits=rows.all_logits)

@@ -56,6 +56,7 @@ class RealConfig:
     max_context_tokens: int = 8192
     cuda_graphs: bool | None = None       # None: on CUDA with the triton backend
     graph_buckets: tuple[int, ...] | None = None  # None: buckets_up_to(max_decode_batch)
+    prefill_graphs: bool = False          # replay steps with prompt tokens as CUDA graphs too
     seed: int = 0
     poll_s: float = 2e-5                  # CUDA-event polling interval of steps and copies
     cpu_copy_delay_s: float = 0.0         # >0: CPU copies complete asynchronously (tests)
@@ -91,7 +92,8 @@ class RealInstance:
                     gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                     torch=torch.__version__, backend=self.model.ops.name, dtype=str(self.model.dtype),
                     cuda_graphs=self.executor.graphs is not None,
-                    graph_buckets=list(self.executor.graphs.buckets) if self.executor.graphs else [])
+                    graph_buckets=list(self.executor.graphs.buckets) if self.executor.graphs else [],
+                    prefill_graphs=self.executor.prefill_graphs is not None)
 
 
 def activation_reserve_bytes(model: Qwen3Model, cfg: RealConfig) -> int:
@@ -164,6 +166,7 @@ def build_real_instance(ckpt: str | Path | Qwen3Model, cfg: RealConfig | None = 
     buckets = cfg.graph_buckets if cfg.graph_buckets is not None else buckets_up_to(cfg.max_decode_batch)
     executor = CudaExecutor(rt, model, arena, padding_page=pool.padding_page, max_pages_per_seq=max_pages,
                             cuda_graphs=cfg.cuda_graphs, graph_buckets=buckets, poll_s=cfg.poll_s,
+                            prefill_graphs=cfg.prefill_graphs,
                             seed=cfg.seed, transfer=transfer)
     if capture_graphs:
         executor.capture_graphs()

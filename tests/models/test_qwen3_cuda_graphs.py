@@ -85,3 +85,33 @@ def test_kernels_at_qwen3_4b_attention_geometry(dtype):
     for splits in (None, 1, 7):
         out = K.decode_attention(qd, arena.k(0), arena.v(0), bt, lens, 128 ** -0.5, splits)
         _check(out, ref, ref32, dtype)
+
+
+def test_prefill_graph_replay_matches_eager(tiny_ckpt):
+    """A unified step (two prompt chunks behind cached prefixes + a decode row) replayed in
+    a padded (tokens, seqs) bucket gives the eager step's logits and K/V, and leaves the
+    padding page alone; a step past the largest bucket has none."""
+    from openinfer.models.qwen3.prefill_graphs import PrefillGraphs
+
+    model = Qwen3Model.from_pretrained(tiny_ckpt, device="cuda", backend="triton")
+    arena = model.make_arena(64, 16)
+    graphs = PrefillGraphs(model, arena, max_pages_per_seq=8, token_buckets=[32, 64],
+                           seq_buckets=[1, 4])
+    graphs.capture()
+    g = torch.Generator().manual_seed(0)
+    lens = [20, 37, 9]
+    seqs = [(torch.randint(0, 256, (n,), generator=g).tolist(), [1 + 8 * i + j for j in range(8)])
+            for i, n in enumerate(lens)]
+    model([SeqInput(ids[:5], 0, t) for ids, t in seqs], arena)
+    step = [SeqInput(seqs[0][0][5:], 5, seqs[0][1]), SeqInput(seqs[1][0][5:], 5, seqs[1][1]),
+            SeqInput(seqs[2][0][5:6], 5, seqs[2][1])]          # 15 + 32 + 1 = 48 tokens, 3 seqs
+    key = graphs.bucket_for(48, 3)
+    assert key == (64, 4) and graphs.bucket_for(65, 1) is None and graphs.bucket_for(8, 5) is None
+    before = arena.data.clone()
+    replayed = graphs.run(step, key).clone()
+    after_graph = arena.data.clone()
+    arena.data.copy_(before)
+    eager = model(step, arena)
+    assert (replayed - eager).abs().max().item() <= 1e-4
+    assert (after_graph - arena.data).abs().max().item() <= 1e-5   # the same K/V written
+    assert torch.equal(after_graph[0], before[0])                  # padding page untouched

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer.models.qwen3 import Qwen3Model, SeqInput
+from openinfer.errors import ConfigError
+from openinfer.models.qwen3 import ForwardBatch, Qwen3Model, SeqInput
 
 ATOL = 1e-4
 BLOCK = 4
@@ -97,3 +98,28 @@ def test_arena_is_checked(model):
     bad.data = bad.data[:, :1]
     with pytest.raises(ValueError, match="arena"):
         model([SeqInput([1, 2], 0, [1])], bad)
+
+
+def test_padded_batch_matches_unpadded(model, sequences):
+    """A step padded to a prefill-graph bucket (extra tokens of no sequence, extra empty
+    sequences) computes the real rows' logits exactly as the unpadded step, and the padding
+    writes no page: what a graph replay of the bucket relies on."""
+    from openinfer.models.qwen3.batch import FlatInputs, upload
+    tables = _page_tables(3, 5)
+    arena = model.make_arena(1 + 3 * 5, BLOCK)
+    prefix = [SeqInput(ids[:-3], 0, t) for (ids, _), t in zip(sequences, tables)]
+    model(prefix, arena)
+    step = [SeqInput(ids[-3:], len(ids) - 3, t) for (ids, _), t in zip(sequences[:2], tables)]
+    step.append(SeqInput(sequences[2][0][-3:-2], len(sequences[2][0]) - 3, tables[2]))  # a decode row
+    saved = arena.data.clone()
+    plain = model.forward(ForwardBatch.from_seqs(step, BLOCK, model.device), arena)
+    arena.data.copy_(saved)
+    flat = FlatInputs.build(step, BLOCK, max_pages=6, pad_to=(16, 4))
+    batch = flat.views(upload(flat.ids64, torch.int64, model.device),
+                       upload(flat.ids32, torch.int32, model.device))
+    padded = model.forward(batch, arena)
+    assert padded.shape[0] == 4 and not batch.is_decode
+    assert _max_diff(padded[:3], plain) <= 1e-5
+    assert torch.equal(arena.data[0], saved[0])          # the padding page was not written
+    with pytest.raises(ConfigError, match="pad_to"):
+        FlatInputs.build(step, BLOCK, pad_to=(4, 4))

@@ -46,11 +46,41 @@ class ForwardBatch:
     def from_seqs(cls, seqs: Sequence[SeqInput], block_size: int,
                   device: str | torch.device = "cpu", max_pages: int | None = None,
                   padding_page: int = 0) -> ForwardBatch:
+        flat = FlatInputs.build(seqs, block_size, max_pages, padding_page)
+        return flat.views(upload(flat.ids64, torch.int64, device),
+                          upload(flat.ids32, torch.int32, device))
+
+
+@dataclass
+class FlatInputs:
+    """A batch's inputs as two host lists (every int64 field, then every int32 field), so a
+    step uploads two tensors instead of seven, and a captured graph's static inputs are two
+    buffers one copy each can refill. ``pad_to=(tokens, seqs)`` pads for a graph bucket:
+    extra tokens get position 0, token 0 and slot -1 (nothing written) and belong to no
+    sequence; extra sequences have no new tokens (the attention kernels skip them) and a
+    seq_len of 1 over the padding page."""
+
+    ids64: list[int]     # input_ids [T], positions [T], slot_mapping [T], last_token_index [B]
+    ids32: list[int]     # block_tables [B * width], seq_lens [B], query_start_loc [B + 1]
+    tokens: int
+    seqs: int
+    width: int
+    max_query_len: int
+    is_decode: bool
+
+    @classmethod
+    def build(cls, seqs: Sequence[SeqInput], block_size: int, max_pages: int | None = None,
+              padding_page: int = 0, pad_to: tuple[int, int] | None = None) -> FlatInputs:
         if not seqs:
             raise ConfigError("seqs", [], "at least one sequence")
         need = [-(-(s.start + len(s.token_ids)) // block_size) for s in seqs]
         width = max_pages if max_pages is not None else max(need)
-        ids, pos, slots, tables, qloc = [], [], [], [], [0]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        tables: list[int] = []
+        qloc = [0]
+        lens: list[int] = []
         for i, s in enumerate(seqs):
             n = len(s.token_ids)
             if n < 1 or s.start < 0:
@@ -64,29 +94,48 @@ class ForwardBatch:
                 pos.append(p)
                 slots.append(s.page_table[p // block_size] * block_size + p % block_size)
             row = list(s.page_table[:need[i]])
-            tables.append(row + [padding_page] * (width - len(row)))
+            tables += row + [padding_page] * (width - len(row))
             qloc.append(qloc[-1] + n)
+            lens.append(s.start + n)
         T, B = len(ids), len(seqs)
         last = [q - 1 for q in qloc[1:]]
-        ids64 = upload(ids + pos + slots + last, torch.int64, device)
-        ids32 = upload([x for row in tables for x in row]
-                       + [s.start + len(s.token_ids) for s in seqs] + qloc, torch.int32, device)
-        n_tab = B * width
-        return cls(
+        max_q = max(len(s.token_ids) for s in seqs)
+        is_decode = max_q == 1
+        if pad_to is not None:
+            pt, pb = pad_to
+            if pt < T or pb < B:
+                raise ConfigError("pad_to", pad_to, f">= ({T}, {B}) tokens and sequences of this batch")
+            ids += [0] * (pt - T)
+            pos += [0] * (pt - T)
+            slots += [-1] * (pt - T)
+            last += [0] * (pb - B)
+            tables += [padding_page] * ((pb - B) * width)
+            lens += [1] * (pb - B)
+            qloc += [T] * (pb - B)
+            T, B, max_q, is_decode = pt, pb, pt, False
+        return cls(ids + pos + slots + last, tables + lens + qloc, T, B, width, max_q, is_decode)
+
+    def views(self, ids64: torch.Tensor, ids32: torch.Tensor) -> ForwardBatch:
+        """The ForwardBatch over two tensors laid out as ``ids64`` / ``ids32``."""
+        T, B, n_tab = self.tokens, self.seqs, self.seqs * self.width
+        return ForwardBatch(
             input_ids=ids64[:T], positions=ids64[T:2 * T], slot_mapping=ids64[2 * T:3 * T],
-            last_token_index=ids64[3 * T:], block_tables=ids32[:n_tab].view(B, width),
-            seq_lens=ids32[n_tab:n_tab + B], query_start_loc=ids32[n_tab + B:],
-            max_query_len=max(len(s.token_ids) for s in seqs),
-            is_decode=all(len(s.token_ids) == 1 for s in seqs))
+            last_token_index=ids64[3 * T:3 * T + B], block_tables=ids32[:n_tab].view(B, self.width),
+            seq_lens=ids32[n_tab:n_tab + B], query_start_loc=ids32[n_tab + B:n_tab + 2 * B + 1],
+            max_query_len=self.max_query_len, is_decode=self.is_decode)
 
 
 def upload(values: list[int], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """A host list as a device tensor without stalling the host: on CUDA through pinned
     memory and a non-blocking copy (a plain ``torch.tensor(..., device="cuda")`` waits for
     every kernel already queued on the stream, so a step would hold the host thread for its
-    whole GPU time). The caching host allocator keeps the pinned buffer until the copy is
-    done."""
-    host = torch.tensor(values, dtype=dtype)
+    whole GPU time)."""
     if torch.device(device).type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
+        return torch.tensor(values, dtype=dtype)
+    return pinned(values, dtype).to(device, non_blocking=True)
+
+
+def pinned(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A pinned host tensor: a non-blocking copy from it does not wait for the stream, and
+    the caching host allocator keeps it alive until that copy is done."""
+    return torch.tensor(values, dtype=dtype).pin_memory()

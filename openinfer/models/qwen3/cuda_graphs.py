@@ -11,6 +11,7 @@ bucket at capture time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -55,18 +56,8 @@ class DecodeGraphs:
         """Capture the largest bucket first so smaller ones reuse its memory pool."""
         pool = None
         for b in reversed(self.buckets):
-            batch = self._batch(b)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):                      # warm up: compile and autotune
-                    self.model.forward(batch, self.arena)
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.outputs[b] = self.model.forward(batch, self.arena)
-            pool = g.pool()
-            self.graphs[b] = g
+            self.graphs[b], self.outputs[b] = capture_forward(self.model, self._batch(b), self.arena, pool)
+            pool = self.graphs[b].pool()
         torch.cuda.synchronize()
 
     def bucket_for(self, n: int) -> int:
@@ -97,3 +88,20 @@ class DecodeGraphs:
         self.seq_lens[n:b].fill_(1)
         self.graphs[b].replay()
         return self.outputs[b][:n]
+
+
+def capture_forward(model: Qwen3Model, batch: ForwardBatch, arena: KVArena, pool: Any = None
+                    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """One graph of ``model.forward(batch)`` over static inputs, and its static output. Two
+    eager passes on a side stream first: Triton compiles and cuBLAS picks its kernels
+    outside the capture, which may not launch anything new."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            model.forward(batch, arena)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        out = model.forward(batch, arena)
+    return g, out

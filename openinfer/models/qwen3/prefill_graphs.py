@@ -1,0 +1,91 @@
+"""CUDA-graph capture of steps with prompt tokens, one graph per (tokens, sequences) bucket.
+
+UNTESTED ON CPU, like ``cuda_graphs``: it needs a GPU and the ``triton`` backend. Why: an
+eager step with a prompt chunk launches ~360 kernels from Python, and on the H200 the host
+takes longer to launch them (10-26 ms for a 100-200 token chunk, varying with the host's
+load) than the GPU takes to run them (~7 ms), so prefill steps were bound by, and as noisy
+as, the host. A graph replay launches them in one call.
+
+A step of ``T`` new tokens over ``B`` sequences (prefill chunks and decode rows alike)
+replays the graph of the smallest bucket ``(t >= T, b >= B)``; ``FlatInputs.build(pad_to=)``
+pads it (padding tokens write nothing and belong to no sequence; padding sequences have
+no tokens and the attention kernel skips them), and two copies refill the graph's static
+inputs. The prefill attention grid is sized by ``t`` at capture; programs past a
+sequence's length return at once. Steps that need logits of every token (prompt
+logprobs) or exceed the largest bucket run eagerly.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+import torch
+
+from openinfer.errors import require
+from openinfer.models.qwen3.batch import FlatInputs, SeqInput, pinned
+from openinfer.models.qwen3.cuda_graphs import capture_forward
+from openinfer.models.qwen3.kv_arena import KVArena
+from openinfer.models.qwen3.model import Qwen3Model
+
+TOKEN_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 512)
+SEQ_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+
+class PrefillGraphs:
+    def __init__(self, model: Qwen3Model, arena: KVArena, max_pages_per_seq: int,
+                 token_buckets: Sequence[int] = TOKEN_BUCKETS,
+                 seq_buckets: Sequence[int] = SEQ_BUCKETS, padding_page: int = 0) -> None:
+        require(torch.cuda.is_available() and model.device.type == "cuda", "device",
+                model.device, "a CUDA device (CUDA graphs)")
+        require(model.ops.name == "triton", "backend", model.ops.name,
+                "'triton' (the reference backend syncs with the host)")
+        for name, b in (("prefill_token_buckets", token_buckets), ("prefill_seq_buckets", seq_buckets)):
+            require(len(b) > 0 and list(b) == sorted(set(b)) and b[0] >= 1, name, list(b),
+                    "strictly increasing sizes >= 1")
+        self.model, self.arena = model, arena
+        self.token_buckets, self.seq_buckets = list(token_buckets), list(seq_buckets)
+        self.width, self.padding_page = max_pages_per_seq, padding_page
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def bucket_for(self, tokens: int, seqs: int) -> tuple[int, int] | None:
+        """The graph a step of ``tokens`` new tokens over ``seqs`` sequences replays, or
+        ``None`` (it runs eagerly)."""
+        i, j = bisect_left(self.token_buckets, tokens), bisect_left(self.seq_buckets, seqs)
+        if i == len(self.token_buckets) or j == len(self.seq_buckets) or seqs > tokens:
+            return None
+        return self.token_buckets[i], self.seq_buckets[j]
+
+    def capture(self) -> None:
+        """Largest bucket first, so the smaller ones reuse its memory pool. Each graph is
+        captured over a batch of padding only (token 0, nothing written)."""
+        pool = None
+        dev = self.model.device
+        for t in reversed(self.token_buckets):
+            for b in reversed(self.seq_buckets):
+                if b > t:
+                    continue
+                flat = FlatInputs.build([SeqInput([0], 0, [self.padding_page])], self.arena.block_size,
+                                        self.width, self.padding_page, pad_to=(t, b))
+                flat.ids64[2 * t] = -1  # (the one real token's slot: it writes nothing either)
+                ids64 = torch.tensor(flat.ids64, dtype=torch.int64, device=dev)
+                ids32 = torch.tensor(flat.ids32, dtype=torch.int32, device=dev)
+                self.inputs[t, b] = (ids64, ids32)
+                g, out = capture_forward(self.model, flat.views(ids64, ids32), self.arena, pool)
+                self.graphs[t, b], self.outputs[t, b] = g, out
+                pool = g.pool()
+        torch.cuda.synchronize()
+
+    def run(self, seqs: Sequence[SeqInput], key: tuple[int, int]) -> torch.Tensor:
+        """Replay the step of ``seqs`` in graph ``key`` (from ``bucket_for``); logits of each
+        sequence's last new token ``[B, vocab]``, a view of the graph's static output that
+        the next replay of this graph overwrites."""
+        flat = FlatInputs.build(seqs, self.arena.block_size, self.width, self.padding_page, pad_to=key)
+        ids64, ids32 = self.inputs[key]
+        ids64.copy_(pinned(flat.ids64, torch.int64), non_blocking=True)
+        ids32.copy_(pinned(flat.ids32, torch.int32), non_blocking=True)
+        self.graphs[key].replay()
+        return self.outputs[key][:len(seqs)]
+
