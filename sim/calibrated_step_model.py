@@ -37,7 +37,7 @@ from openinfer.errors import ConfigError, require
 from sim.step_features import StepFeatures, step_features
 
 TERMS = ("intercept", "eager_step", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens",
-         "eager_decode_rows", "eager_decode_context_tokens")
+         "eager_decode_rows", "eager_decode_context_tokens", "graph_prompt_step")
 MEAN_FIT_ITERATIONS = 25
 
 
@@ -60,23 +60,27 @@ class CalibratedStepModel:
     decode_context_tokens: float = 0.0
     eager_decode_rows: float = 0.0             # extra per decode row of an eager step
     eager_decode_context_tokens: float = 0.0   # extra per context token of those rows
+    graph_prompt_step: float = 0.0             # a step with prompt tokens replayed as a graph:
+                                               # instead of eager_step (prefill_graphs below)
     host_per_row: float = 0.0                  # host work per (unpadded) decode row, between steps:
                                                # from the host-gap fit (sim.profile), not this fit
     pad_unified: bool = False
+    prefill_graphs: bool = False   # the engine replays prompt steps that fit a bucket as graphs
     min_step_s: float = 1e-6  # a fit may extrapolate below zero; a step never takes no time
 
     def features_time(self, f: StepFeatures) -> float:
         t = (self.intercept + self.decode_rows_padded * f.decode_rows_padded
              + self.decode_context_tokens * f.decode_context_tokens + self.host_per_row * f.decode_rows)
         if f.prefill_tokens:
-            t += (self.eager_step + self.prefill_tokens * f.prefill_tokens
+            t += ((self.graph_prompt_step if f.prompt_graph else self.eager_step)
+                  + self.prefill_tokens * f.prefill_tokens
                   + self.prefill_attn_pairs * f.prefill_attn_pairs
                   + self.eager_decode_rows * f.decode_rows_padded
                   + self.eager_decode_context_tokens * f.decode_context_tokens)
         return t if t > self.min_step_s else self.min_step_s
 
     def step_time(self, plan: StepPlan) -> float:
-        return self.features_time(step_features(plan, self.pad_unified))
+        return self.features_time(step_features(plan, self.pad_unified, self.prefill_graphs))
 
     def coefficients(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in TERMS}
@@ -112,10 +116,11 @@ class CalibratedStepModel:
         for i, (x, seconds) in enumerate(samples):
             f = x if isinstance(x, StepFeatures) else step_features(x, pad_unified)
             require(seconds >= 0, f"calibration.samples[{i}].seconds", seconds, "a number >= 0")
-            eager = 1.0 if f.prefill_tokens else 0.0
-            rows.append((1.0, eager, f.prefill_tokens, f.prefill_attn_pairs,
+            prompt = 1.0 if f.prefill_tokens else 0.0
+            graph = prompt if f.prompt_graph else 0.0
+            rows.append((1.0, prompt - graph, f.prefill_tokens, f.prefill_attn_pairs,
                          f.decode_rows_padded, f.decode_context_tokens,
-                         eager * f.decode_rows_padded, eager * f.decode_context_tokens))
+                         prompt * f.decode_rows_padded, prompt * f.decode_context_tokens, graph))
             ys.append(seconds)
         a = np.asarray(rows, dtype=float)
         y = np.asarray(ys, dtype=float)
@@ -145,7 +150,8 @@ class CalibratedStepModel:
         resid = y - pred
         ss_tot = float(((y - y.mean()) ** 2).sum())
         r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
-        model = cls(**{k: float(c) for k, c in zip(TERMS, coef)}, pad_unified=pad_unified)
+        graphs = bool(a[:, TERMS.index("graph_prompt_step")].any())
+        model = cls(**{k: float(c) for k, c in zip(TERMS, coef)}, pad_unified=pad_unified, prefill_graphs=graphs)
         rel = np.abs(resid) / np.maximum(y, 1e-9)
         return model, FitQuality(len(ys), float(np.sqrt((resid ** 2).mean())), r2, float(np.median(rel)),
                                  int((~keep).sum()))

@@ -28,7 +28,7 @@ from sim.calibrated_step_model import CalibratedStepModel
 from sim.profile import LinkFit
 from sim.step_features import StepFeatures, step_features
 
-FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures))
+FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures) if f.name != "prompt_graph")
 COPY_DIRECTIONS = ("d2h", "h2d")
 GiB = 1024 ** 3
 MAX_BACK_TO_BACK_GAP_S = 0.02  # a longer gap means the engine had nothing to run, not overhead
@@ -79,8 +79,9 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     through ``sim.step_features.step_features`` (the one implementation of the counts the
     simulator charges), with the decode padding the real executor recorded."""
     given = rec.get("features", rec)
+    graph = int(bool(rec.get("prefill_graph") or given.get("prompt_graph")))  # what the executor did
     if all(k in given for k in FEATURE_FIELDS):
-        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS})
+        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS}, prompt_graph=graph)
     if "prefill" not in rec and "prefill_rows" not in rec and "decode_positions" not in rec:
         raise ConfigError("step record", sorted(rec)[:8], f"the fields {', '.join(FEATURE_FIELDS)} "
                           "or prefill + decode_positions")
@@ -90,6 +91,7 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     kind = StepKind.DECODE if pure_decode else StepKind.UNIFIED
     f = step_features(StepPlan(kind, prefill=prefill, decode=decode))  # type: ignore[arg-type]
     padded = rec.get("decode_rows_padded")
+    f = replace(f, prompt_graph=graph)
     return f if padded is None else replace(f, decode_rows_padded=int(padded))
 
 

@@ -49,6 +49,10 @@ class QueuedLink:
     def copy(self, nbytes: int) -> Event:
         return self.rt.sleep(self.landing_time(nbytes) - self.rt.now())
 
+    def drained_at(self) -> float:
+        """When the last copy queued so far lands (every engine is free from then on)."""
+        return max(self._free_at)
+
     def queue_delay(self) -> float:
         """How long a copy queued now waits before an engine takes it."""
         return max(0.0, self._free_at[0] - self.rt.now())

@@ -144,9 +144,7 @@ class HostHeldExecutor(SimExecutor):
             self._copies_seen = n
             self.copy_submit_s += pre
             if self._wait_links:
-                # every engine of the link is free once the last queued copy landed
-                # (QueuedLink keeps its engines' free times in _free_at; see the report)
-                drained = max(max(link._free_at) for link in self._wait_links)
+                drained = max(link.drained_at() for link in self._wait_links)
                 wait = drained - (self.rt.now() + pre)
                 if wait > 0:
                     pre += wait

@@ -101,8 +101,10 @@ class FittedProfile:
         per-row work on the decode rows). Copies submitted between steps are charged by the
         held host (``sim.host_thread``), which sees them."""
         sm, g = self.step_model, self.host_gap
+        around_prompt = g.get("after_eager", 0.0) + g.get("before_eager", 0.0)
         return replace(sm, intercept=sm.intercept + self.host_overhead_s,
-                       eager_step=sm.eager_step + g.get("after_eager", 0.0) + g.get("before_eager", 0.0),
+                       eager_step=sm.eager_step + around_prompt,
+                       graph_prompt_step=sm.graph_prompt_step + around_prompt,
                        host_per_row=sm.host_per_row + g.get("per_row", 0.0))
 
     def world(self, cfg: WorldConfig, *, model: ModelGeometry | None = None) -> World:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
 
-from openinfer.backend.buckets import GRAPH_BUCKETS  # spec §1.4, shared with the real executor
+from openinfer.backend.buckets import GRAPH_BUCKETS, prefill_bucket  # shared with the real executor
 from openinfer.backend.executor import DecodeBatch, StepKind, StepPlan
 
 
@@ -32,16 +32,20 @@ class StepFeatures:
     decode_rows: int = 0
     decode_rows_padded: int = 0      # rows the kernels run (graph bucket on pure decode steps)
     decode_context_tokens: int = 0   # KV the decode rows read or write: sum of (position + 1)
+    prompt_graph: int = 0            # 1: a step with prompt tokens that replays a prefill graph
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
-def step_features(plan: StepPlan, pad_unified: bool = False) -> StepFeatures:
+def step_features(plan: StepPlan, pad_unified: bool = False, prefill_graphs: bool = False) -> StepFeatures:
     """Counts of one plan. Decode rows are padded to the graph bucket only on pure decode
-    steps (graphs are captured for decode; a unified step runs eagerly) unless
-    ``pad_unified``."""
+    steps (decode graphs; a unified step's rows are not padded) unless ``pad_unified``.
+    ``prefill_graphs``: the engine replays steps with prompt tokens as graphs where a
+    (tokens, seqs) bucket holds them and no row wants every token's logits, as
+    ``CudaExecutor`` does with ``prefill_graphs`` on (``prompt_graph`` says which)."""
     p_tokens = pairs = p_ctx = logits = 0
+    every_logit = False
     for row in plan.prefill:
         n = len(row.tokens)
         s = row.start
@@ -50,6 +54,7 @@ def step_features(plan: StepPlan, pad_unified: bool = False) -> StepFeatures:
         p_ctx += s + n
         if row.all_logits:
             logits += n
+            every_logit = True
         elif row.is_final:
             logits += 1
     decode = plan.decode
@@ -61,4 +66,6 @@ def step_features(plan: StepPlan, pad_unified: bool = False) -> StepFeatures:
     else:
         ctx = sum(r.position for r in decode) + rows
     pad = padded_batch(rows) if rows and (plan.kind is StepKind.DECODE or pad_unified) else rows
-    return StepFeatures(p_tokens, pairs, p_ctx, logits, rows, pad, ctx)
+    graph = int(prefill_graphs and p_tokens > 0 and not every_logit
+                and prefill_bucket(p_tokens + rows, len(plan.prefill) + rows) is not None)
+    return StepFeatures(p_tokens, pairs, p_ctx, logits, rows, pad, ctx, graph)

@@ -2,7 +2,7 @@
 
     python -m experiments.validate report=$OUT/validate.json out_dir=$OUT \
         [sections=golden,offload,served,bench,steps] [golden_sizes=0.6b,4b] [bench_size=4b]
-        [served_size=4b] [quick=false] [device=cuda] [prefill_graphs=false]
+        [served_size=4b] [quick=false] [device=cuda] [prefill_graphs=true|false]
 
 One JSON report (written again after every section, so a run cut short still leaves what
 it measured): the environment (GPU, driver, torch/triton/transformers versions, date), then
@@ -51,7 +51,7 @@ class ValidateConfig:
     scratch: str | None = None              # where checkpoints go (default: tmpfs or /tmp)
     keep_checkpoints: bool = False
     served_timeout_s: float = 240.0
-    prefill_graphs: bool = False            # served runs replay prompt steps as CUDA graphs
+    prefill_graphs: bool | None = None      # prompt steps as CUDA graphs (served, steps); None: on CUDA
 
     def __post_init__(self) -> None:
         require(bool(self.report), "report", self.report, "a path for the JSON report")
@@ -181,7 +181,7 @@ def _steps(cfg: ValidateConfig, packs: Packs, out_dir: Path) -> dict[str, Any]:
             spec = GridSpec(prefill_chunks=(64, 512), prefill_prefixes=(0, 2048), multi_prefill=((4, 128),),
                             decode_batches=(1, 8, 32), decode_contexts=(512, 2048), unified=((256, 8, 1024),),
                             repeats=2, block_size=cfg.block_size, seed=cfg.seed)
-    summary, records = run_grid(packs.get(size), spec)
+    summary, records = run_grid(packs.get(size), spec, prefill_graphs=cfg.prefill_graphs)
     summary["file"] = write_jsonl(out_dir / f"steps_grid_{size}.jsonl", records)
     summary["model"] = size
     return summary

@@ -62,8 +62,8 @@ def served_section(cfg: Any, packs: Any, out_dir: Path) -> dict[str, Any]:
     size = "tiny" if cpu else cfg.served_size
     pack = packs.get(size)
     inst_cfg = instance_cfg(cpu, cfg.block_size)
-    if cfg.prefill_graphs:
-        inst_cfg["prefill_graphs"] = True
+    if cfg.prefill_graphs is not None:
+        inst_cfg["prefill_graphs"] = cfg.prefill_graphs
     out: dict[str, Any] = dict(model=size, instance_cfg=inst_cfg, workloads={})
     for name, wl in workloads(cfg.quick, cpu).items():
         log(f"served {name}: {wl}")

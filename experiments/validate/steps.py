@@ -110,7 +110,8 @@ def max_pages_per_seq(spec: GridSpec) -> int:
     return -(-longest // bs) + 1
 
 
-def run_grid(pack: Any, spec: GridSpec, backend: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_grid(pack: Any, spec: GridSpec, backend: str | None = None,
+             prefill_graphs: bool | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from openinfer.backend.cuda_executor import CudaExecutor
     from openinfer.models.qwen3 import Qwen3Model
     from openinfer.backend.buckets import buckets_up_to
@@ -125,7 +126,7 @@ def run_grid(pack: Any, spec: GridSpec, backend: str | None = None) -> tuple[dic
     rt = WallRuntime(spec.seed)
     buckets = buckets_up_to(max(spec.decode_batches))
     ex = CudaExecutor(rt, model, arena, padding_page=0, max_pages_per_seq=max_pages_per_seq(spec),
-                      graph_buckets=buckets, seed=spec.seed)
+                      graph_buckets=buckets, seed=spec.seed, prefill_graphs=prefill_graphs)
     ex.capture_graphs()
     records: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []

@@ -111,7 +111,7 @@ class CudaExecutor:
                  max_pages_per_seq: int | None = None, cuda_graphs: bool | None = None,
                  graph_buckets: Sequence[int] | None = None, eos_token: int | None = None,
                  poll_s: float = 2e-5, seed: int = 0, transfer: Any = None,
-                 prefill_graphs: bool = False) -> None:
+                 prefill_graphs: bool | None = None) -> None:
         self.rt = rt
         self.model = model
         self.arena = arena
@@ -130,7 +130,7 @@ class CudaExecutor:
         self.graph_buckets = list(graph_buckets) if graph_buckets is not None else None
         self.graphs: Any = None
         self._want_graphs = bool(want_graphs)
-        self._want_prefill_graphs = bool(prefill_graphs)
+        self._want_prefill_graphs = self._want_graphs if prefill_graphs is None else bool(prefill_graphs)
         self.prefill_graphs: Any = None
         self.params: dict[int, Any] = {}  # req_id -> scheduler SamplingParams (via observe)
         self.steps = 0

@@ -56,7 +56,7 @@ class RealConfig:
     max_context_tokens: int = 8192
     cuda_graphs: bool | None = None       # None: on CUDA with the triton backend
     graph_buckets: tuple[int, ...] | None = None  # None: buckets_up_to(max_decode_batch)
-    prefill_graphs: bool = False          # replay steps with prompt tokens as CUDA graphs too
+    prefill_graphs: bool | None = None    # steps with prompt tokens as CUDA graphs too; None: as cuda_graphs
     seed: int = 0
     poll_s: float = 2e-5                  # CUDA-event polling interval of steps and copies
     cpu_copy_delay_s: float = 0.0         # >0: CPU copies complete asynchronously (tests)

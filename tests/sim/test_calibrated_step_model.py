@@ -113,3 +113,30 @@ def test_mean_fit_adds_up_to_the_measured_time_when_some_steps_run_slow() -> Non
     assert sum(ratio.features_time(f) for f, _ in kept) / total - 1 < -0.03
     assert sum(mean.features_time(f) for f, _ in kept) / total - 1 == pytest.approx(0.0, abs=0.01)
     assert q.outliers == 1
+
+
+def test_graph_prompt_steps_get_their_own_constant() -> None:
+    """With prefill graphs on, a small prompt step replays a graph and skips the eager
+    launch cost: the fit keeps the two constants apart and remembers that the engine
+    graphs prompt steps, so the simulator charges each plan the constant it would pay."""
+    from dataclasses import replace
+    true = replace(TRUE, graph_prompt_step=0.3e-3, prefill_graphs=True)
+    samples = [(replace(f, prompt_graph=int(0 < f.prefill_tokens <= 256 and f.decode_rows < 8)), 0.0)
+               for f, _ in _samples(0.0, n=600)]
+    samples = [(f, true.features_time(f)) for f, _ in samples]
+    assert any(f.prompt_graph for f, _ in samples) and any(f.prefill_tokens and not f.prompt_graph for f, _ in samples)
+    model = CalibratedStepModel.fit(samples)
+    assert model.prefill_graphs
+    assert model.graph_prompt_step == pytest.approx(0.3e-3, rel=1e-6)
+    assert model.eager_step == pytest.approx(TRUE.eager_step, rel=1e-6)
+    assert not CalibratedStepModel.fit(_samples(0.0)).prefill_graphs
+
+
+def test_step_features_mark_the_prompt_steps_a_prefill_graph_holds() -> None:
+    from sim.step_features import step_features
+    small = unified_plan(100, 3, 1000)
+    assert step_features(small, prefill_graphs=True).prompt_graph == 1
+    assert step_features(small).prompt_graph == 0                       # graphs off
+    assert step_features(prefill_plan(600), prefill_graphs=True).prompt_graph == 0   # > 512 tokens
+    assert step_features(unified_plan(64, 20, 1000), prefill_graphs=True).prompt_graph == 0
+    assert step_features(decode_plan(4, 1000), prefill_graphs=True).prompt_graph == 0

@@ -17,25 +17,21 @@ logprobs) or exceed the largest bucket run eagerly.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 
 import torch
 
+from openinfer.backend.buckets import PREFILL_SEQ_BUCKETS, PREFILL_TOKEN_BUCKETS, prefill_bucket
 from openinfer.errors import require
 from openinfer.models.qwen3.batch import FlatInputs, SeqInput, pinned
 from openinfer.models.qwen3.cuda_graphs import capture_forward
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
 
-TOKEN_BUCKETS: tuple[int, ...] = (32, 64, 128, 256, 512)
-SEQ_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
-
-
 class PrefillGraphs:
     def __init__(self, model: Qwen3Model, arena: KVArena, max_pages_per_seq: int,
-                 token_buckets: Sequence[int] = TOKEN_BUCKETS,
-                 seq_buckets: Sequence[int] = SEQ_BUCKETS, padding_page: int = 0) -> None:
+                 token_buckets: Sequence[int] = PREFILL_TOKEN_BUCKETS,
+                 seq_buckets: Sequence[int] = PREFILL_SEQ_BUCKETS, padding_page: int = 0) -> None:
         require(torch.cuda.is_available() and model.device.type == "cuda", "device",
                 model.device, "a CUDA device (CUDA graphs)")
         require(model.ops.name == "triton", "backend", model.ops.name,
@@ -44,7 +40,7 @@ class PrefillGraphs:
             require(len(b) > 0 and list(b) == sorted(set(b)) and b[0] >= 1, name, list(b),
                     "strictly increasing sizes >= 1")
         self.model, self.arena = model, arena
-        self.token_buckets, self.seq_buckets = list(token_buckets), list(seq_buckets)
+        self.token_buckets, self.seq_buckets = tuple(token_buckets), tuple(seq_buckets)
         self.width, self.padding_page = max_pages_per_seq, padding_page
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -53,10 +49,7 @@ class PrefillGraphs:
     def bucket_for(self, tokens: int, seqs: int) -> tuple[int, int] | None:
         """The graph a step of ``tokens`` new tokens over ``seqs`` sequences replays, or
         ``None`` (it runs eagerly)."""
-        i, j = bisect_left(self.token_buckets, tokens), bisect_left(self.seq_buckets, seqs)
-        if i == len(self.token_buckets) or j == len(self.seq_buckets) or seqs > tokens:
-            return None
-        return self.token_buckets[i], self.seq_buckets[j]
+        return prefill_bucket(tokens, seqs, self.token_buckets, self.seq_buckets)
 
     def capture(self) -> None:
         """Largest bucket first, so the smaller ones reuse its memory pool. Each graph is
@@ -65,8 +58,6 @@ class PrefillGraphs:
         dev = self.model.device
         for t in reversed(self.token_buckets):
             for b in reversed(self.seq_buckets):
-                if b > t:
-                    continue
                 flat = FlatInputs.build([SeqInput([0], 0, [self.padding_page])], self.arena.block_size,
                                         self.width, self.padding_page, pad_to=(t, b))
                 flat.ids64[2 * t] = -1  # (the one real token's slot: it writes nothing either)
