@@ -308,11 +308,9 @@ class CudaExecutor:
         if pure_decode and graphs is not None and len(rows.seqs) <= graphs.buckets[-1]:
             need = max(-(-(s.start + 1) // self.block_size) for s in rows.seqs)
             if need <= self.max_pages_per_seq:
-                batch = ForwardBatch.from_seqs(rows.seqs, self.block_size, self.device,
-                                               padding_page=self.padding_page)
                 timing.graph = True
                 timing.decode_rows_padded = graphs.bucket_for(len(rows.seqs))
-                return graphs.run(batch), None
+                return graphs.run_seqs(rows.seqs), None
         pg = self.prefill_graphs
         if pg is not None and not pure_decode and not rows.all_logits:
             key = pg.bucket_for(sum(len(s.token_ids) for s in rows.seqs), len(rows.seqs))

@@ -27,9 +27,10 @@ def test_graph_replay_matches_eager(tiny_ckpt):
             for i, n in enumerate(lens)]
     model([SeqInput(ids[:-1], 0, t) for ids, t in seqs], arena)
     before = arena.data[0].clone()
-    batch = model.make_batch([SeqInput(ids[-1:], len(ids) - 1, t) for ids, t in seqs], arena,
-                             max_pages=8)
+    step = [SeqInput(ids[-1:], len(ids) - 1, t) for ids, t in seqs]
+    batch = model.make_batch(step, arena, max_pages=8)
     replayed = graphs.run(batch).clone()             # bucket 4: one padding row
+    from_seqs = graphs.run_seqs(step).clone()        # the executor's two-copy path
     eager = model.forward(batch, arena)
     # The reference backend launches no Triton kernel (no PDL, no skinny GEMM): a race in
     # the replayed graph could not hide behind the same race in the eager run.
@@ -37,6 +38,7 @@ def test_graph_replay_matches_eager(tiny_ckpt):
     assert graphs.bucket_for(3) == 4
     assert (replayed - eager).abs().max().item() <= 1e-4
     assert (replayed - reference).abs().max().item() <= 1e-4
+    assert torch.equal(from_seqs, replayed)
     assert torch.equal(arena.data[0], before)        # the padding page was not written
 
 

@@ -123,3 +123,26 @@ def test_padded_batch_matches_unpadded(model, sequences):
     assert torch.equal(arena.data[0], saved[0])          # the padding page was not written
     with pytest.raises(ConfigError, match="pad_to"):
         FlatInputs.build(step, BLOCK, pad_to=(4, 4))
+
+
+def test_padded_decode_batch_matches_unpadded(model, sequences):
+    """A decode batch padded to a decode-graph bucket (extra one-token rows over the padding
+    page) gives the real rows' logits of the unpadded batch and writes no page for the
+    padding rows."""
+    from openinfer.models.qwen3.batch import FlatInputs, upload
+    tables = _page_tables(3, 5)
+    arena = model.make_arena(1 + 3 * 5, BLOCK)
+    model([SeqInput(ids[:-1], 0, t) for (ids, _), t in zip(sequences, tables)], arena)
+    step = [SeqInput(ids[-1:], len(ids) - 1, t) for (ids, _), t in zip(sequences, tables)]
+    saved = arena.data.clone()
+    plain = model.forward(ForwardBatch.from_seqs(step, BLOCK, model.device), arena)
+    arena.data.copy_(saved)
+    flat = FlatInputs.build(step, BLOCK, max_pages=6, pad_to=(4, 4), decode=True)
+    batch = flat.views(upload(flat.ids64, torch.int64, model.device),
+                       upload(flat.ids32, torch.int32, model.device))
+    padded = model.forward(batch, arena)
+    assert batch.is_decode and padded.shape[0] == 4
+    assert _max_diff(padded[:3], plain) <= 1e-5
+    assert torch.equal(arena.data[0], saved[0])
+    with pytest.raises(ConfigError, match="pad_to"):
+        FlatInputs.build(step, BLOCK, pad_to=(4, 8), decode=True)

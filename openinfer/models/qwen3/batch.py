@@ -55,10 +55,12 @@ class ForwardBatch:
 class FlatInputs:
     """A batch's inputs as two host lists (every int64 field, then every int32 field), so a
     step uploads two tensors instead of seven, and a captured graph's static inputs are two
-    buffers one copy each can refill. ``pad_to=(tokens, seqs)`` pads for a graph bucket:
-    extra tokens get position 0, token 0 and slot -1 (nothing written) and belong to no
-    sequence; extra sequences have no new tokens (the attention kernels skip them) and a
-    seq_len of 1 over the padding page."""
+    buffers one copy each can refill. ``pad_to=(tokens, seqs)`` pads for a prefill-graph
+    bucket: extra tokens get position 0, token 0 and slot -1 (nothing written) and belong to
+    no sequence; extra sequences have no new tokens (the attention kernels skip them) and a
+    seq_len of 1 over the padding page. ``pad_to=(b, b), decode=True`` pads a decode batch
+    for a decode-graph bucket: each extra row is one such token of its own (decode kernels
+    read one token per row)."""
 
     ids64: list[int]     # input_ids [T], positions [T], slot_mapping [T], last_token_index [B]
     ids32: list[int]     # block_tables [B * width], seq_lens [B], query_start_loc [B + 1]
@@ -70,7 +72,8 @@ class FlatInputs:
 
     @classmethod
     def build(cls, seqs: Sequence[SeqInput], block_size: int, max_pages: int | None = None,
-              padding_page: int = 0, pad_to: tuple[int, int] | None = None) -> FlatInputs:
+              padding_page: int = 0, pad_to: tuple[int, int] | None = None,
+              decode: bool = False) -> FlatInputs:
         if not seqs:
             raise ConfigError("seqs", [], "at least one sequence")
         need = [-(-(s.start + len(s.token_ids)) // block_size) for s in seqs]
@@ -101,19 +104,35 @@ class FlatInputs:
         last = [q - 1 for q in qloc[1:]]
         max_q = max(len(s.token_ids) for s in seqs)
         is_decode = max_q == 1
-        if pad_to is not None:
-            pt, pb = pad_to
-            if pt < T or pb < B:
-                raise ConfigError("pad_to", pad_to, f">= ({T}, {B}) tokens and sequences of this batch")
-            ids += [0] * (pt - T)
-            pos += [0] * (pt - T)
-            slots += [-1] * (pt - T)
-            last += [0] * (pb - B)
-            tables += [padding_page] * ((pb - B) * width)
-            lens += [1] * (pb - B)
-            qloc += [T] * (pb - B)
-            T, B, max_q, is_decode = pt, pb, pt, False
-        return cls(ids + pos + slots + last, tables + lens + qloc, T, B, width, max_q, is_decode)
+        if pad_to is None:
+            return cls(ids + pos + slots + last, tables + lens + qloc, T, B, width, max_q, is_decode)
+        pt, pb = pad_to
+        if pt < T or pb < B or (decode and (pt != pb or not is_decode)):
+            want = "(b, b), b >= the rows of a decode batch" if decode else f">= ({T}, {B})"
+            raise ConfigError("pad_to", pad_to, f"{want}: the tokens and sequences to pad to")
+        extra_t, extra_b = pt - T, pb - B
+        ids += [0] * extra_t
+        pos += [0] * extra_t
+        slots += [-1] * extra_t
+        last += list(range(T, pt)) if decode else [0] * extra_b
+        tables += [padding_page] * (extra_b * width)
+        lens += [1] * extra_b
+        qloc += list(range(T + 1, pt + 1)) if decode else [T] * extra_b
+        return cls(ids + pos + slots + last, tables + lens + qloc, pt, pb, width,
+                   1 if decode else pt, decode)
+
+    @classmethod
+    def padding(cls, tokens: int, seqs: int, width: int, padding_page: int = 0,
+                decode: bool = False) -> FlatInputs:
+        """A batch of padding only, what a graph is captured over: no token writes a page;
+        ``decode``: one token per row (``tokens == seqs``), else no sequence owns a token."""
+        if decode and tokens != seqs:
+            raise ConfigError("padding", (tokens, seqs), "tokens == seqs for a decode batch")
+        last = list(range(seqs)) if decode else [0] * seqs
+        qloc = list(range(seqs + 1)) if decode else [0] * (seqs + 1)
+        return cls([0] * (2 * tokens) + [-1] * tokens + last,
+                   [padding_page] * (seqs * width) + [1] * seqs + qloc,
+                   tokens, seqs, width, 1 if decode else tokens, decode)
 
     def views(self, ids64: torch.Tensor, ids32: torch.Tensor) -> ForwardBatch:
         """The ForwardBatch over two tensors laid out as ``ids64`` / ``ids32``."""

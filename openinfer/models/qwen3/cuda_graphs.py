@@ -17,7 +17,7 @@ import torch
 
 from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.errors import require
-from openinfer.models.qwen3.batch import ForwardBatch
+from openinfer.models.qwen3.batch import FlatInputs, ForwardBatch, SeqInput, pinned
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
 
@@ -34,29 +34,25 @@ class DecodeGraphs:
         self.model, self.arena = model, arena
         self.buckets = list(buckets)
         self.padding_page = padding_page
-        n, dev = self.buckets[-1], model.device
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.block_tables = torch.full((n, max_pages_per_seq), padding_page, dtype=torch.int32,
-                                       device=dev)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.last_token_index = torch.arange(n, dtype=torch.int64, device=dev)
+        self.width = max_pages_per_seq
+        dev = model.device
+        # Per bucket, the two flat input buffers (FlatInputs' layout) the graph reads.
+        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.views: dict[int, ForwardBatch] = {}
+        for b in self.buckets:
+            flat = FlatInputs.padding(b, b, self.width, padding_page, decode=True)
+            ids64 = torch.tensor(flat.ids64, dtype=torch.int64, device=dev)
+            ids32 = torch.tensor(flat.ids32, dtype=torch.int32, device=dev)
+            self.inputs[b] = (ids64, ids32)
+            self.views[b] = flat.views(ids64, ids32)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-
-    def _batch(self, b: int) -> ForwardBatch:
-        return ForwardBatch(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
-                            self.block_tables[:b], self.seq_lens[:b],
-                            self.query_start_loc[:b + 1], self.last_token_index[:b],
-                            max_query_len=1, is_decode=True)
 
     def capture(self) -> None:
         """Capture the largest bucket first so smaller ones reuse its memory pool."""
         pool = None
         for b in reversed(self.buckets):
-            self.graphs[b], self.outputs[b] = capture_forward(self.model, self._batch(b), self.arena, pool)
+            self.graphs[b], self.outputs[b] = capture_forward(self.model, self.views[b], self.arena, pool)
             pool = self.graphs[b].pool()
         torch.cuda.synchronize()
 
@@ -68,26 +64,39 @@ class DecodeGraphs:
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Replay the decode of ``batch`` (1 token per sequence); logits ``[B, vocab]``, a
-        view of the graph's static output that the next replay overwrites."""
+        view of the graph's static output that the next replay overwrites. Field by field
+        (a dozen small copies); the engine's path is ``run_seqs``."""
         require(batch.is_decode, "batch.is_decode", batch.is_decode, "True (decode only)")
         n = batch.num_seqs
         b = self.bucket_for(n)
         w = batch.block_tables.shape[1]
-        require(w <= self.block_tables.shape[1], "batch.block_tables", w,
-                f"<= {self.block_tables.shape[1]} pages per sequence")
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.slot_mapping[:n].copy_(batch.slot_mapping)
-        self.block_tables[:n, :w].copy_(batch.block_tables)
-        self.block_tables[:n, w:].fill_(self.padding_page)
-        self.seq_lens[:n].copy_(batch.seq_lens)
-        self.input_ids[n:b].zero_()
-        self.positions[n:b].zero_()
-        self.slot_mapping[n:b].fill_(-1)
-        self.block_tables[n:b].fill_(self.padding_page)
-        self.seq_lens[n:b].fill_(1)
+        require(w <= self.width, "batch.block_tables", w, f"<= {self.width} pages per sequence")
+        v = self.views[b]
+        v.input_ids[:n].copy_(batch.input_ids)
+        v.positions[:n].copy_(batch.positions)
+        v.slot_mapping[:n].copy_(batch.slot_mapping)
+        v.block_tables[:n, :w].copy_(batch.block_tables)
+        v.block_tables[:n, w:].fill_(self.padding_page)
+        v.seq_lens[:n].copy_(batch.seq_lens)
+        v.input_ids[n:].zero_()
+        v.positions[n:].zero_()
+        v.slot_mapping[n:].fill_(-1)
+        v.block_tables[n:].fill_(self.padding_page)
+        v.seq_lens[n:].fill_(1)
         self.graphs[b].replay()
         return self.outputs[b][:n]
+
+    def run_seqs(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+        """``run`` from the sequences: the padded batch is built on the host and goes up in
+        two copies, so a step's launch is two copies and a replay."""
+        b = self.bucket_for(len(seqs))
+        flat = FlatInputs.build(seqs, self.arena.block_size, self.width, self.padding_page,
+                                pad_to=(b, b), decode=True)
+        ids64, ids32 = self.inputs[b]
+        ids64.copy_(pinned(flat.ids64, torch.int64), non_blocking=True)
+        ids32.copy_(pinned(flat.ids32, torch.int32), non_blocking=True)
+        self.graphs[b].replay()
+        return self.outputs[b][:len(seqs)]
 
 
 def capture_forward(model: Qwen3Model, batch: ForwardBatch, arena: KVArena, pool: Any = None

@@ -58,9 +58,7 @@ class PrefillGraphs:
         dev = self.model.device
         for t in reversed(self.token_buckets):
             for b in reversed(self.seq_buckets):
-                flat = FlatInputs.build([SeqInput([0], 0, [self.padding_page])], self.arena.block_size,
-                                        self.width, self.padding_page, pad_to=(t, b))
-                flat.ids64[2 * t] = -1  # (the one real token's slot: it writes nothing either)
+                flat = FlatInputs.padding(t, b, self.width, self.padding_page)
                 ids64 = torch.tensor(flat.ids64, dtype=torch.int64, device=dev)
                 ids32 = torch.tensor(flat.ids32, dtype=torch.int32, device=dev)
                 self.inputs[t, b] = (ids64, ids32)
