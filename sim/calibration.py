@@ -91,8 +91,8 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     kind = StepKind.DECODE if pure_decode else StepKind.UNIFIED
     f = step_features(StepPlan(kind, prefill=prefill, decode=decode))  # type: ignore[arg-type]
     padded = rec.get("decode_rows_padded")
-    f = replace(f, prompt_graph=graph)
-    return f if padded is None else replace(f, decode_rows_padded=int(padded))
+    return replace(f, prompt_graph=graph,
+                   decode_rows_padded=f.decode_rows_padded if padded is None else int(padded))
 
 
 def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s",

@@ -104,7 +104,7 @@ def test_padded_batch_matches_unpadded(model, sequences):
     """A step padded to a prefill-graph bucket (extra tokens of no sequence, extra empty
     sequences) computes the real rows' logits exactly as the unpadded step, and the padding
     writes no page: what a graph replay of the bucket relies on."""
-    from openinfer.models.qwen3.batch import FlatInputs, upload
+    from openinfer.models.qwen3.batch import FlatInputs
     tables = _page_tables(3, 5)
     arena = model.make_arena(1 + 3 * 5, BLOCK)
     prefix = [SeqInput(ids[:-3], 0, t) for (ids, _), t in zip(sequences, tables)]
@@ -115,8 +115,7 @@ def test_padded_batch_matches_unpadded(model, sequences):
     plain = model.forward(ForwardBatch.from_seqs(step, BLOCK, model.device), arena)
     arena.data.copy_(saved)
     flat = FlatInputs.build(step, BLOCK, max_pages=6, pad_to=(16, 4))
-    batch = flat.views(upload(flat.ids64, torch.int64, model.device),
-                       upload(flat.ids32, torch.int32, model.device))
+    batch = flat.upload(model.device)
     padded = model.forward(batch, arena)
     assert padded.shape[0] == 4 and not batch.is_decode
     assert _max_diff(padded[:3], plain) <= 1e-5
@@ -129,7 +128,7 @@ def test_padded_decode_batch_matches_unpadded(model, sequences):
     """A decode batch padded to a decode-graph bucket (extra one-token rows over the padding
     page) gives the real rows' logits of the unpadded batch and writes no page for the
     padding rows."""
-    from openinfer.models.qwen3.batch import FlatInputs, upload
+    from openinfer.models.qwen3.batch import FlatInputs
     tables = _page_tables(3, 5)
     arena = model.make_arena(1 + 3 * 5, BLOCK)
     model([SeqInput(ids[:-1], 0, t) for (ids, _), t in zip(sequences, tables)], arena)
@@ -138,8 +137,7 @@ def test_padded_decode_batch_matches_unpadded(model, sequences):
     plain = model.forward(ForwardBatch.from_seqs(step, BLOCK, model.device), arena)
     arena.data.copy_(saved)
     flat = FlatInputs.build(step, BLOCK, max_pages=6, pad_to=(4, 4), decode=True)
-    batch = flat.views(upload(flat.ids64, torch.int64, model.device),
-                       upload(flat.ids32, torch.int32, model.device))
+    batch = flat.upload(model.device)
     padded = model.forward(batch, arena)
     assert batch.is_decode and padded.shape[0] == 4
     assert _max_diff(padded[:3], plain) <= 1e-5

@@ -46,9 +46,7 @@ class ForwardBatch:
     def from_seqs(cls, seqs: Sequence[SeqInput], block_size: int,
                   device: str | torch.device = "cpu", max_pages: int | None = None,
                   padding_page: int = 0) -> ForwardBatch:
-        flat = FlatInputs.build(seqs, block_size, max_pages, padding_page)
-        return flat.views(upload(flat.ids64, torch.int64, device),
-                          upload(flat.ids32, torch.int32, device))
+        return FlatInputs.build(seqs, block_size, max_pages, padding_page).upload(device)
 
 
 @dataclass
@@ -134,6 +132,10 @@ class FlatInputs:
                    [padding_page] * (seqs * width) + [1] * seqs + qloc,
                    tokens, seqs, width, 1 if decode else tokens, decode)
 
+    def upload(self, device: str | torch.device) -> ForwardBatch:
+        """The batch on ``device``, in two non-blocking uploads."""
+        return self.views(upload(self.ids64, torch.int64, device), upload(self.ids32, torch.int32, device))
+
     def views(self, ids64: torch.Tensor, ids32: torch.Tensor) -> ForwardBatch:
         """The ForwardBatch over two tensors laid out as ``ids64`` / ``ids32``."""
         T, B, n_tab = self.tokens, self.seqs, self.seqs * self.width
@@ -142,6 +144,28 @@ class FlatInputs:
             last_token_index=ids64[3 * T:3 * T + B], block_tables=ids32[:n_tab].view(B, self.width),
             seq_lens=ids32[n_tab:n_tab + B], query_start_loc=ids32[n_tab + B:n_tab + 2 * B + 1],
             max_query_len=self.max_query_len, is_decode=self.is_decode)
+
+
+@dataclass
+class GraphInputs:
+    """A captured graph's static inputs: two device buffers in ``FlatInputs``' layout and
+    the batch view over them that the graph was captured on. ``refill`` puts a batch of the
+    same (tokens, seqs, width) shape in with two non-blocking copies, so a replay's launch
+    is two copies and the replay."""
+
+    ids64: torch.Tensor
+    ids32: torch.Tensor
+    batch: ForwardBatch
+
+    @classmethod
+    def of(cls, flat: FlatInputs, device: str | torch.device) -> GraphInputs:
+        ids64 = torch.tensor(flat.ids64, dtype=torch.int64, device=device)
+        ids32 = torch.tensor(flat.ids32, dtype=torch.int32, device=device)
+        return cls(ids64, ids32, flat.views(ids64, ids32))
+
+    def refill(self, flat: FlatInputs) -> None:
+        self.ids64.copy_(pinned(flat.ids64, torch.int64), non_blocking=True)
+        self.ids32.copy_(pinned(flat.ids32, torch.int32), non_blocking=True)
 
 
 def upload(values: list[int], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:

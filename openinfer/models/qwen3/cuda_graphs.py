@@ -17,7 +17,7 @@ import torch
 
 from openinfer.backend.buckets import GRAPH_BUCKETS
 from openinfer.errors import require
-from openinfer.models.qwen3.batch import FlatInputs, ForwardBatch, SeqInput, pinned
+from openinfer.models.qwen3.batch import FlatInputs, ForwardBatch, GraphInputs, SeqInput
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
 
@@ -35,16 +35,8 @@ class DecodeGraphs:
         self.buckets = list(buckets)
         self.padding_page = padding_page
         self.width = max_pages_per_seq
-        dev = model.device
-        # Per bucket, the two flat input buffers (FlatInputs' layout) the graph reads.
-        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.views: dict[int, ForwardBatch] = {}
-        for b in self.buckets:
-            flat = FlatInputs.padding(b, b, self.width, padding_page, decode=True)
-            ids64 = torch.tensor(flat.ids64, dtype=torch.int64, device=dev)
-            ids32 = torch.tensor(flat.ids32, dtype=torch.int32, device=dev)
-            self.inputs[b] = (ids64, ids32)
-            self.views[b] = flat.views(ids64, ids32)
+        self.inputs = {b: GraphInputs.of(FlatInputs.padding(b, b, self.width, padding_page, decode=True),
+                                         model.device) for b in self.buckets}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -52,7 +44,7 @@ class DecodeGraphs:
         """Capture the largest bucket first so smaller ones reuse its memory pool."""
         pool = None
         for b in reversed(self.buckets):
-            self.graphs[b], self.outputs[b] = capture_forward(self.model, self.views[b], self.arena, pool)
+            self.graphs[b], self.outputs[b] = capture_forward(self.model, self.inputs[b].batch, self.arena, pool)
             pool = self.graphs[b].pool()
         torch.cuda.synchronize()
 
@@ -71,7 +63,7 @@ class DecodeGraphs:
         b = self.bucket_for(n)
         w = batch.block_tables.shape[1]
         require(w <= self.width, "batch.block_tables", w, f"<= {self.width} pages per sequence")
-        v = self.views[b]
+        v = self.inputs[b].batch
         v.input_ids[:n].copy_(batch.input_ids)
         v.positions[:n].copy_(batch.positions)
         v.slot_mapping[:n].copy_(batch.slot_mapping)
@@ -90,11 +82,8 @@ class DecodeGraphs:
         """``run`` from the sequences: the padded batch is built on the host and goes up in
         two copies, so a step's launch is two copies and a replay."""
         b = self.bucket_for(len(seqs))
-        flat = FlatInputs.build(seqs, self.arena.block_size, self.width, self.padding_page,
-                                pad_to=(b, b), decode=True)
-        ids64, ids32 = self.inputs[b]
-        ids64.copy_(pinned(flat.ids64, torch.int64), non_blocking=True)
-        ids32.copy_(pinned(flat.ids32, torch.int32), non_blocking=True)
+        self.inputs[b].refill(FlatInputs.build(seqs, self.arena.block_size, self.width, self.padding_page,
+                                               pad_to=(b, b), decode=True))
         self.graphs[b].replay()
         return self.outputs[b][:len(seqs)]
 

@@ -23,10 +23,11 @@ import torch
 
 from openinfer.backend.buckets import PREFILL_SEQ_BUCKETS, PREFILL_TOKEN_BUCKETS, prefill_bucket
 from openinfer.errors import require
-from openinfer.models.qwen3.batch import FlatInputs, SeqInput, pinned
+from openinfer.models.qwen3.batch import FlatInputs, GraphInputs, SeqInput
 from openinfer.models.qwen3.cuda_graphs import capture_forward
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.model import Qwen3Model
+
 
 class PrefillGraphs:
     def __init__(self, model: Qwen3Model, arena: KVArena, max_pages_per_seq: int,
@@ -44,7 +45,7 @@ class PrefillGraphs:
         self.width, self.padding_page = max_pages_per_seq, padding_page
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
-        self.inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.inputs: dict[tuple[int, int], GraphInputs] = {}
 
     def bucket_for(self, tokens: int, seqs: int) -> tuple[int, int] | None:
         """The graph a step of ``tokens`` new tokens over ``seqs`` sequences replays, or
@@ -55,26 +56,20 @@ class PrefillGraphs:
         """Largest bucket first, so the smaller ones reuse its memory pool. Each graph is
         captured over a batch of padding only (token 0, nothing written)."""
         pool = None
-        dev = self.model.device
         for t in reversed(self.token_buckets):
             for b in reversed(self.seq_buckets):
-                flat = FlatInputs.padding(t, b, self.width, self.padding_page)
-                ids64 = torch.tensor(flat.ids64, dtype=torch.int64, device=dev)
-                ids32 = torch.tensor(flat.ids32, dtype=torch.int32, device=dev)
-                self.inputs[t, b] = (ids64, ids32)
-                g, out = capture_forward(self.model, flat.views(ids64, ids32), self.arena, pool)
-                self.graphs[t, b], self.outputs[t, b] = g, out
-                pool = g.pool()
+                inputs = GraphInputs.of(FlatInputs.padding(t, b, self.width, self.padding_page), self.model.device)
+                self.inputs[t, b] = inputs
+                self.graphs[t, b], self.outputs[t, b] = capture_forward(self.model, inputs.batch, self.arena, pool)
+                pool = self.graphs[t, b].pool()
         torch.cuda.synchronize()
 
     def run(self, seqs: Sequence[SeqInput], key: tuple[int, int]) -> torch.Tensor:
         """Replay the step of ``seqs`` in graph ``key`` (from ``bucket_for``); logits of each
         sequence's last new token ``[B, vocab]``, a view of the graph's static output that
         the next replay of this graph overwrites."""
-        flat = FlatInputs.build(seqs, self.arena.block_size, self.width, self.padding_page, pad_to=key)
-        ids64, ids32 = self.inputs[key]
-        ids64.copy_(pinned(flat.ids64, torch.int64), non_blocking=True)
-        ids32.copy_(pinned(flat.ids32, torch.int32), non_blocking=True)
+        self.inputs[key].refill(FlatInputs.build(seqs, self.arena.block_size, self.width, self.padding_page,
+                                                 pad_to=key))
         self.graphs[key].replay()
         return self.outputs[key][:len(seqs)]
 
