@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from experiments.validate.common import log, summarize_times, sync, time_fn, weight_bytes
+from openinfer.errors import require
 from openinfer.models.qwen3 import ForwardBatch, Qwen3Model, SeqInput
 
 TARGETS = dict(decode_bs1_floor_ratio_max=1.4, prefill_matmul_fraction_min=0.5,
@@ -185,16 +186,18 @@ def ours_generate(model: Qwen3Model, graphs: Any, arena: Any, prompts: list[list
     out = torch.empty(B, new_tokens, dtype=torch.int64, device=device)
     out[:, 0] = tok
     table_dev = torch.tensor(tables, dtype=torch.int32, device=device)
-    graphs.block_tables[:B, :pps].copy_(table_dev)
-    graphs.block_tables[:B, pps:].fill_(graphs.padding_page)
+    v = graphs.inputs[graphs.bucket_for(B)].batch   # the graph's static inputs
+    require(v.num_seqs == B, "e2e_batch", B, f"a captured bucket size (got bucket {v.num_seqs})")
+    v.block_tables[:, :pps].copy_(table_dev)
+    v.block_tables[:, pps:].fill_(graphs.padding_page)
     g, logits_out = graphs.graphs[B], graphs.outputs[B]
     rows = torch.arange(B, device=device)
     for k in range(1, new_tokens):
         pos = L + k - 1
-        graphs.input_ids[:B].copy_(tok)
-        graphs.positions[:B].fill_(pos)
-        graphs.slot_mapping[:B].copy_(table_dev[rows, pos // bs].long() * bs + pos % bs)
-        graphs.seq_lens[:B].fill_(pos + 1)
+        v.input_ids.copy_(tok)
+        v.positions.fill_(pos)
+        v.slot_mapping.copy_(table_dev[rows, pos // bs].long() * bs + pos % bs)
+        v.seq_lens.fill_(pos + 1)
         g.replay()
         tok = logits_out[:B].argmax(-1)
         out[:, k] = tok

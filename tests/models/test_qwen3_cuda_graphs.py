@@ -42,6 +42,33 @@ def test_graph_replay_matches_eager(tiny_ckpt):
     assert torch.equal(arena.data[0], before)        # the padding page was not written
 
 
+def test_e2e_bench_generation_matches_eager_greedy(tiny_ckpt):
+    """validate's end-to-end benchmark drives a decode graph's static inputs directly: its
+    greedy tokens must be the eager model's (this broke once, unnoticed on the CPU)."""
+    from experiments.validate.bench import ours_generate
+    from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
+
+    model = Qwen3Model.from_pretrained(tiny_ckpt, device="cuda", backend="triton")
+    B, L, N, bs = 3, 21, 7, 16
+    pps = -(-(L + N) // bs)
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 256, (B, L), generator=g).tolist()
+    arena = model.make_arena(1 + B * pps, bs)
+    graphs = DecodeGraphs(model, arena, max_pages_per_seq=pps, buckets=[B])
+    graphs.capture()
+    ours = ours_generate(model, graphs, arena, prompts, N, pps, bs).cpu()
+
+    eager_arena = model.make_arena(1 + B * pps, bs)
+    tables = [list(range(1 + r * pps, 1 + (r + 1) * pps)) for r in range(B)]
+    tok = model([SeqInput(p, 0, t) for p, t in zip(prompts, tables)], eager_arena).argmax(-1)
+    eager = [tok.cpu()]
+    for k in range(1, N):
+        step = [SeqInput([int(tok[r])], L + k - 1, tables[r]) for r in range(B)]
+        tok = model(step, eager_arena).argmax(-1)
+        eager.append(tok.cpu())
+    assert torch.equal(ours, torch.stack(eager, 1))
+
+
 def _check(out, ref, ref32, dtype):
     """fp32: <= 1e-4 from the reference. bf16: the kernel's error against the fp32 truth
     is at most twice the bf16 reference's own (the FlashAttention test criterion), since
