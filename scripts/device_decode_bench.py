@@ -392,6 +392,16 @@ def table(workers: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def parse_variant(text: str) -> tuple[str, str, str]:
+    """``LABEL:VAR=VALUE`` -> (label, var, value), or exit naming the form."""
+    label, sep, assign = text.partition(":")
+    var, eq, value = assign.partition("=")
+    if not (sep and eq and label and var) or label in ("before", "after", "sweep"):
+        sys.exit(f"--variant {text!r}: want LABEL:VAR=VALUE with a new label, "
+                 "e.g. l2_24:OPENINFER_L2_PREFETCH_MB=24")
+    return label, var, value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "results/tmp/decode"))
@@ -400,6 +410,9 @@ def main() -> None:
     ap.add_argument("--tests", action="store_true")
     ap.add_argument("--no-pdl", action="store_true",
                     help="also benchmark the working tree with OPENINFER_PDL=0")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=VALUE",
+                    help="also benchmark the working tree with environment VAR=VALUE "
+                         "(repeatable), e.g. l2_24:OPENINFER_L2_PREFETCH_MB=24")
     ap.add_argument("--tests-timeout", type=float, default=150)
     ap.add_argument("--worker", default=None)
     a = ap.parse_args()
@@ -413,9 +426,11 @@ def main() -> None:
     t0 = time.perf_counter()
     rc: dict[str, int] = {}
     rc["after"] = run_child(["--worker", "after", "--out", str(out)], here, 150)
+    variants = [parse_variant(v) for v in a.variant]
     if a.no_pdl:
-        rc["after_nopdl"] = run_child(["--worker", "after_nopdl", "--out", str(out)], here, 120,
-                                      OPENINFER_PDL="0")
+        variants.insert(0, ("after_nopdl", "OPENINFER_PDL", "0"))
+    for label, var, value in variants:
+        rc[label] = run_child(["--worker", label, "--out", str(out)], here, 120, **{var: value})
     if a.base:
         base = str((ROOT / a.base).resolve())
         rc["before"] = run_child(["--worker", "before", "--out", str(out)], f"{base}:{here}", 120)
@@ -437,7 +452,7 @@ def main() -> None:
         log(f"pytest tests/models on the GPU: rc={p.returncode} in "
             f"{time.perf_counter() - t:.0f} s\n{tail}")
     workers = {}
-    for label in ("before", "after_nopdl", "after"):
+    for label in ["before", "after"] + [v[0] for v in variants]:
         f = out / f"worker_{label}.json"
         if f.exists():
             workers[label] = json.loads(f.read_text())
