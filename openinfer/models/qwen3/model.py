@@ -65,8 +65,7 @@ class Qwen3Model:
         residual = F.embedding(batch.input_ids, self.w.embed_tokens)
         x = self.ops.rms_norm(residual, layers[0].input_norm, eps)
         for i, lw in enumerate(layers):
-            attn, warm = self._attention(i, lw, x, batch, arena)
-            self.ops.join_l2(warm)
+            attn = self._attention(i, lw, x, batch, arena)
             x, residual = self.ops.add_rms_norm(self.ops.linear(attn, lw.o_proj), residual,
                                                 lw.post_norm, eps)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.norm
@@ -81,19 +80,16 @@ class Qwen3Model:
         return self.forward(self.make_batch(seqs, arena), arena, all_logits)
 
     def _attention(self, i: int, lw: LayerWeights, x: torch.Tensor, batch: ForwardBatch,
-                   arena: KVArena) -> tuple[torch.Tensor, object]:
+                   arena: KVArena) -> torch.Tensor:
         """Attention output ``[T, q_size]``, before ``o_proj``; K/V of the new tokens are
-        written into layer ``i`` of the arena on the way. While it runs, the next weights
-        may be read into L2 (``ops.warm_l2``; the handle to join before ``o_proj``)."""
+        written into layer ``i`` of the arena on the way."""
         c = self.cfg
-        qkv = self.ops.linear(x, lw.qkv_proj)
-        warm = self.ops.warm_l2(x, (lw.o_proj, lw.gate_up_proj))
-        q = self.ops.qkv_norm_rope_write(qkv, lw.q_norm, lw.k_norm,
+        q = self.ops.qkv_norm_rope_write(self.ops.linear(x, lw.qkv_proj), lw.q_norm, lw.k_norm,
                                          self.cos, self.sin, batch.positions, c.rms_norm_eps,
                                          arena.k(i), arena.v(i), batch.slot_mapping,
                                          c.num_attention_heads)
         o = self.ops.attention(q, arena.k(i), arena.v(i), batch, self.scale)
-        return o.view(x.shape[0], c.q_size), warm
+        return o.view(x.shape[0], c.q_size)
 
     def _check_arena(self, arena: KVArena) -> None:
         c = self.cfg

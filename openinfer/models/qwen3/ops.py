@@ -12,10 +12,6 @@ consumers of a projection (``add_rms_norm``, ``qkv_norm_rope_write``) take parts
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -57,24 +53,10 @@ class ReferenceOps:
         """Logits in fp32, rounded through the model dtype first (as HF's bf16 head)."""
         return F.linear(x, w).float()
 
-    def warm_l2(self, x: torch.Tensor, weights: Sequence[torch.Tensor]) -> Any:
-        """Start reading the head of ``weights`` (in order) into L2 beside the main stream,
-        for the step of input ``x``; returns what ``join_l2`` waits for. Only the Triton
-        decode path does anything (``kernels/l2_prefetch.py``)."""
-        return None
-
-    def join_l2(self, handle: Any) -> None:
-        """Order the main stream after the ``warm_l2`` that returned ``handle``."""
-
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   batch: ForwardBatch, scale: float) -> torch.Tensor:
         return self.r.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                       batch.query_start_loc, scale)
-
-
-# MB of upcoming weights a decode step reads into L2 during each layer's attention
-# (``warm_l2``); ``OPENINFER_L2_PREFETCH_MB`` overrides it. 0 (off) until measured.
-L2_PREFETCH_MB = 0.0
 
 
 class TritonOps(ReferenceOps):
@@ -84,17 +66,12 @@ class TritonOps(ReferenceOps):
     name = "triton"
 
     def __init__(self, decode_splits: int | None = None, block_m: int = 64,
-                 block_n: int = 64, l2_prefetch_mb: float | None = None) -> None:
+                 block_n: int = 64) -> None:
         super().__init__()
         from openinfer.models.qwen3 import kernels
         self.k = kernels
         self.decode_splits = decode_splits
         self.block_m, self.block_n = block_m, block_n
-        if l2_prefetch_mb is None:
-            l2_prefetch_mb = float(os.environ.get("OPENINFER_L2_PREFETCH_MB", L2_PREFETCH_MB))
-        require(l2_prefetch_mb >= 0, "l2_prefetch_mb", l2_prefetch_mb, "MB >= 0 (0: off)")
-        self.l2_prefetch_bytes = int(l2_prefetch_mb * 2 ** 20)
-        self._side: dict[torch.device, tuple[torch.cuda.Stream, torch.Tensor]] = {}
 
     def _skinny(self, x: torch.Tensor) -> bool:
         return x.shape[0] <= self.k.MAX_ROWS
@@ -120,27 +97,6 @@ class TritonOps(ReferenceOps):
         if self._skinny(x):
             return self.k.skinny_linear(x, w, out_dtype=torch.float32)[0]
         return super().lm_head(x, w)
-
-    def warm_l2(self, x, weights):
-        if not (self.l2_prefetch_bytes and x.is_cuda and self._skinny(x)):
-            return None
-        from openinfer.models.qwen3.kernels.l2_prefetch import l2_prefetch
-        if x.device not in self._side:
-            self._side[x.device] = (torch.cuda.Stream(x.device),
-                                    torch.empty(1024, dtype=torch.float32, device=x.device))
-        side, sink = self._side[x.device]
-        side.wait_stream(torch.cuda.current_stream(x.device))   # a fork inside a graph capture
-        left = self.l2_prefetch_bytes
-        with torch.cuda.stream(side):
-            for w in weights:
-                left -= l2_prefetch(w, left, sink)
-                if left <= 0:
-                    break
-        return side
-
-    def join_l2(self, handle):
-        if handle is not None:
-            torch.cuda.current_stream(handle.device).wait_stream(handle)
 
     def attention(self, q, k_cache, v_cache, batch, scale):
         if batch.is_decode:
