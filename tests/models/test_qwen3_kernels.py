@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from openinfer.errors import ConfigError
 from openinfer.models.qwen3 import kernels as K
 from openinfer.models.qwen3.kernels import reference as R
 from openinfer.models.qwen3.kv_arena import KVArena
@@ -168,18 +169,23 @@ def test_qkv_norm_rope_write(device, dtype, splits):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,n,k,split", [(1, 50, 70, 1), (5, 64, 96, 3), (16, 33, 40, 2),
-                                         (2, 40, 16, 1)])
-def test_skinny_linear(device, dtype, m, n, k, split):
+@pytest.mark.parametrize("m,n,k,split,pre", [(1, 50, 70, 1, 1), (5, 64, 96, 3, 1), (16, 33, 40, 2, 1),
+                                             (2, 40, 16, 1, 1), (1, 50, 70, 1, 3), (5, 64, 96, 3, 4),
+                                             (2, 40, 16, 1, 2)])
+def test_skinny_linear(device, dtype, m, n, k, split, pre):
     """Odd N and K (masked tiles), K ranges that do not divide evenly, 1..16 rows, a K
-    range of exactly the first (pre-wait) tile."""
+    range of exactly the first (pre-wait) tile; several tiles read before the wait, more
+    of them than a K range holds included."""
     x = torch.randn(m, k, device=device).to(dtype)
     w = torch.randn(n, k, device=device).to(dtype)
-    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split)
+    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre)
     parts = K.skinny_linear(x, w, cfg=cfg)
     assert parts.shape == (split, m, n)
     assert parts.dtype == (torch.float32 if split > 1 else dtype)
     torch.testing.assert_close(R.merge_parts(parts, dtype), F.linear(x, w), **_tol(dtype))
+    if pre > 1:   # the same tiles summed in the same order: bit for bit the one-tile result
+        one = K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, split_k=split))
+        assert torch.equal(parts, one)
 
 
 def test_skinny_logits_fp32(device):
@@ -193,12 +199,17 @@ def test_skinny_logits_fp32(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 7])
-def test_skinny_gated(device, dtype, m):
+@pytest.mark.parametrize("m,pre", [(1, 1), (7, 1), (7, 4)])
+def test_skinny_gated(device, dtype, m, pre):
     x = torch.randn(m, 40, device=device).to(dtype)
     w = torch.randn(2 * 24, 40, device=device).to(dtype)        # I = 24: a partial tile
-    got = K.skinny_gated(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16))
+    got = K.skinny_gated(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, pre_tiles=pre))
     torch.testing.assert_close(got, R.silu_mul(F.linear(x, w)), **_tol(dtype))
+
+
+def test_skinny_pre_tiles_out_of_range_is_refused():
+    with pytest.raises(ConfigError, match="pre_tiles"):
+        K.SkinnyConfig(pre_tiles=0)
 
 
 @pytest.mark.parametrize("splits", [1, 4])

@@ -19,6 +19,7 @@ extra launch and no atomics, so a step stays bitwise reproducible.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,19 +27,58 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer.errors import require
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 
 MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
+MAX_PRE_TILES = 4
+
+
+def _pre_tiles_from_env(var: str, default: str) -> int:
+    text = os.environ.get(var, default)
+    require(text.isdigit() and 1 <= int(text) <= MAX_PRE_TILES, var, text,
+            f"an integer 1..{MAX_PRE_TILES} (W tiles read before the PDL wait)")
+    return int(text)
+
+
+# W tiles read before the PDL wait (OPENINFER_SKINNY_PRE / _GATED override them).
+# Measured on an H200 (results/gpu/pre_tiles/): 3 tiles before the wait take bs1 decode
+# from 3.054 to 2.980 ms at 1k context; the gated GEMM (two tiles per step, gate and up)
+# does best with 1 (3 there: 2.992 ms; 4 everywhere: slower, 3.218 ms).
+PRE_TILES = _pre_tiles_from_env("OPENINFER_SKINNY_PRE", "3")
+PRE_TILES_GATED = _pre_tiles_from_env("OPENINFER_SKINNY_PRE_GATED", "1")
+
+
+@triton.jit
+def _w_tile(w_rows, up_offset, offs_k, k_hi, n_mask, GATED: tl.constexpr):
+    """One W tile (and its up-projection twin when ``GATED``; else the same tile again)."""
+    w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
+    w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
+    w_up = w
+    if GATED:
+        w_up = tl.load(w_rows + up_offset + offs_k[None, :], mask=w_mask, other=0.0)
+    return w, w_up
+
+
+@triton.jit
+def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.constexpr,
+              DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < k_hi)[None, :],
+                other=0.0)
+    acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
+    if GATED:
+        acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
+    return acc, acc_up
 
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE: tl.constexpr,
+                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -49,23 +89,34 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_rows = x_ptr + offs_m[:, None] * s_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn
-    # The first W tile is read before waiting on the previous kernel (weights are never
-    # written during a step), so the stream of W starts while that kernel drains.
-    # (Names differ from the loop's so that no tile becomes a loop-carried value.)
+    up = N * s_wn
+    # The first PRE W tiles are read before waiting on the previous kernel (weights are
+    # never written during a step), so the stream of W starts while that kernel drains:
+    # with PDL this kernel is resident from the previous one's start. (Names differ from
+    # the loop's so that no tile becomes a loop-carried value.)
     offs_k0 = k_lo + tl.arange(0, BLOCK_K)
-    k_mask0 = offs_k0 < k_hi
-    w_mask0 = n_mask[:, None] & k_mask0[None, :]
-    w0 = tl.load(w_rows + offs_k0[None, :], mask=w_mask0, other=0.0)
-    w_up0 = w0
-    if GATED:
-        w_up0 = tl.load(w_rows + N * s_wn + offs_k0[None, :], mask=w_mask0, other=0.0)
+    w0, u0 = _w_tile(w_rows, up, offs_k0, k_hi, n_mask, GATED)
+    if PRE >= 2:
+        w1, u1 = _w_tile(w_rows, up, offs_k0 + BLOCK_K, k_hi, n_mask, GATED)
+    if PRE >= 3:
+        w2, u2 = _w_tile(w_rows, up, offs_k0 + 2 * BLOCK_K, k_hi, n_mask, GATED)
+    if PRE >= 4:
+        w3, u3 = _w_tile(w_rows, up, offs_k0 + 3 * BLOCK_K, k_hi, n_mask, GATED)
     pdl_wait(PDL)
-    x0 = tl.load(x_rows + offs_k0[None, :], mask=m_mask[:, None] & k_mask0[None, :], other=0.0)
-    acc = mma(x0, tl.trans(w0), DOT_PREC, UPCAST)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if GATED:
-        acc_up = mma(x0, tl.trans(w_up0), DOT_PREC, UPCAST)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+    acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, GATED,
+                            DOT_PREC, UPCAST)
+    if PRE >= 2:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + BLOCK_K, k_hi, m_mask, w1, u1,
+                                GATED, DOT_PREC, UPCAST)
+    if PRE >= 3:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 2 * BLOCK_K, k_hi, m_mask, w2,
+                                u2, GATED, DOT_PREC, UPCAST)
+    if PRE >= 4:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 3 * BLOCK_K, k_hi, m_mask, w3,
+                                u3, GATED, DOT_PREC, UPCAST)
+    for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
@@ -74,7 +125,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
         w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
         acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
         if GATED:
-            w_up = tl.load(w_rows + N * s_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            w_up = tl.load(w_rows + up + offs_k[None, :], mask=w_mask, other=0.0)
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
     dt = w_ptr.dtype.element_ty
     if GATED:
@@ -98,6 +149,11 @@ class SkinnyConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    pre_tiles: int = 1    # W tiles each program reads before waiting on the previous kernel
+
+    def __post_init__(self) -> None:
+        require(1 <= self.pre_tiles <= MAX_PRE_TILES, "pre_tiles", self.pre_tiles,
+                f"1..{MAX_PRE_TILES} W tiles read before the PDL wait")
 
 
 @lru_cache(maxsize=None)
@@ -118,14 +174,15 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
     (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
     sweep on an H200 (``scripts/device_decode_bench.py --sweep``)."""
     if n >= 256 * sms:
-        return SkinnyConfig(block_n=64, block_k=256, num_stages=3)
+        return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES)
     block_n, block_k = 32, 128
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
         while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * block_k:
             split *= 2
-    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split)
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split,
+                        pre_tiles=PRE_TILES_GATED if gated else PRE_TILES)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
@@ -136,7 +193,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     _skinny_kernel[grid](x, w, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
                          y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
-                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
                          DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
                          num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          **pdl_args(x.device))
