@@ -36,7 +36,7 @@ from collections.abc import Generator
 from heapq import heappop, heappush
 from typing import Any
 
-from simpy.core import EmptySchedule, StopSimulation
+from simpy.core import EmptySchedule
 from simpy.events import NORMAL, Event
 
 from openinfer.runtime.base import OrderedEnvironment, Runtime
@@ -78,18 +78,7 @@ class HostClockEnvironment(OrderedEnvironment):
             raise EmptySchedule from None
         self._now = due if due >= self.host_free_at else self.host_free_at
         self.events_processed += 1
-        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
-        try:
-            for callback in callbacks:  # type: ignore[union-attr]
-                callback(event)
-        except StopSimulation:
-            event.callbacks = callbacks[callbacks.index(callback) + 1:]  # type: ignore[union-attr]
-            self.schedule(event, -1)
-            raise
-        if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+        self._fire(event)
 
 
 class HostClockRuntime(SimRuntime):

@@ -13,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Generator, Iterable
+from heapq import heappop, heappush
 from typing import Any
 
 import simpy
+from simpy.core import BoundClass, EmptySchedule, StopSimulation
 from simpy.events import Event, Process
 
 from openinfer.runtime.ordering import EventOrder, FifoOrder
@@ -30,14 +32,52 @@ class OrderedEnvironment(simpy.Environment):
         super().__init__(initial_time)
         self.order: EventOrder = order or FifoOrder()
         self.events_processed = 0
+        self._bind_event_classes()
+
+    def _bind_event_classes(self) -> None:
+        """Bind ``timeout``, ``event``, ``process``, ... to this instance, as SimPy's
+        ``BoundClass.bind_early`` does for a plain Environment: it only looks at the
+        instance's own class, so on a subclass every ``env.timeout(...)`` paid a descriptor
+        call building a bound method (one per event a run creates)."""
+        for name, obj in vars(simpy.Environment).items():
+            if type(obj) is BoundClass:
+                setattr(self, name, getattr(self, name))
 
     def schedule(self, event: Event, priority: Any = 1, delay: float = 0) -> None:  # type: ignore[override]
-        key = self.order.key(next(self._eid), self.active_process)
-        simpy.core.heappush(self._queue, (self._now + delay, priority, key, event))
+        """Queue ``event`` under its order's tie-break key. Every event of a run comes
+        through here, so FIFO (whose key is the event id itself) skips the policy call."""
+        order = self.order
+        eid = next(self._eid)
+        key = eid if type(order) is FifoOrder else order.key(eid, self._active_proc)
+        heappush(self._queue, (self._now + delay, priority, key, event))
 
     def step(self) -> None:
+        """SimPy's ``Environment.step``, counted (no ``super()`` call: a long run processes
+        millions of events)."""
         self.events_processed += 1
-        super().step()
+        try:
+            self._now, _, _, event = heappop(self._queue)
+        except IndexError:
+            raise EmptySchedule from None
+        self._fire(event)
+
+    def _fire(self, event: Event) -> None:
+        """The second half of SimPy 4.1's ``step``: run ``event``'s callbacks; a failed
+        event that nobody defused crashes the run. A subclass that moves the clock its own
+        way (``sim.host_thread``) pops the event and calls this."""
+        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+        try:
+            for callback in callbacks:  # type: ignore[union-attr]
+                callback(event)
+        except StopSimulation:
+            # as SimPy: the remaining callbacks run when the simulation resumes
+            event.callbacks = callbacks[callbacks.index(callback) + 1:]  # type: ignore[union-attr]
+            self.schedule(event, simpy.events.EventPriority(-1))
+            raise
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
 
 
 class Runtime:
