@@ -142,36 +142,48 @@ class BlockPool:
 
     def acquire(self, page: int) -> None:
         """Take one more strong reference to a registered or already-held page."""
-        if self._refs[page] == 0:
-            if page not in self._inactive:
-                raise AccountingError(f"acquire: page {page} is free (reset)")
-            del self._inactive[page]
-        self._refs[page] += 1
-        if self._touched is not None:
-            self._touched.add(page)
+        self.acquire_all((page,))
+
+    def acquire_all(self, pages: Iterable[int]) -> None:
+        """``acquire`` each page in turn (a failure leaves the earlier ones taken). The one
+        implementation: a prefix match takes tens of pages at once, so the loop is here."""
+        refs, inactive, touched = self._refs, self._inactive, self._touched
+        for page in pages:
+            r = refs[page]
+            if r == 0:
+                if page not in inactive:
+                    raise AccountingError(f"acquire: page {page} is free (reset)")
+                del inactive[page]
+            refs[page] = r + 1
+            if touched is not None:
+                touched.add(page)
 
     def release(self, page: int) -> None:
         """Drop one strong reference; the last one returns the page to a pool."""
-        refs = self._refs[page]
-        if refs <= 0:
-            raise AccountingError(f"release: page {page} has no reference (double release)")
-        if page == self.padding_page and refs == 1:
-            raise AccountingError("release: the padding page is referenced forever")
-        self._refs[page] = refs - 1
-        if self._touched is not None:
-            self._touched.add(page)
-        if refs > 1:
-            return
-        h = self._hash[page]
-        if h is not None and self._primary.get(h) == page and page not in self._reset_on_release:
-            self._inactive[page] = None  # most recently used end
-            return
-        self._forget(page)
-        self._reset.append(page)
+        self.release_all((page,))
 
     def release_all(self, pages: Iterable[int]) -> None:
+        """``release`` each page in turn. The one implementation: a finished request, a
+        dropped hold or a landed save returns many pages at once, so the loop is here."""
+        refs, touched, padding = self._refs, self._touched, self.padding_page
+        page_hash, primary, inactive = self._hash, self._primary, self._inactive
         for page in pages:
-            self.release(page)
+            r = refs[page]
+            if r <= 0:
+                raise AccountingError(f"release: page {page} has no reference (double release)")
+            if page == padding and r == 1:
+                raise AccountingError("release: the padding page is referenced forever")
+            refs[page] = r - 1
+            if touched is not None:
+                touched.add(page)
+            if r > 1:
+                continue
+            h = page_hash[page]
+            if h is not None and primary.get(h) == page and page not in self._reset_on_release:
+                inactive[page] = None  # most recently used end
+                continue
+            self._forget(page)
+            self._reset.append(page)
 
     def _forget(self, page: int) -> None:
         h = self._hash[page]
@@ -193,14 +205,20 @@ class BlockPool:
         """
         pages: list[int] = []
         primary = self._primary
-        for h in hashes:
-            page = primary.get(h)
-            if page is None:
-                break
-            if within_headroom and self._refs[page] == 0 and self.headroom() < 1:
-                break
-            self.acquire(page)
-            pages.append(page)
+        if within_headroom:
+            for h in hashes:
+                page = primary.get(h)
+                if page is None or (self._refs[page] == 0 and self.headroom() < 1):
+                    break
+                self.acquire(page)
+                pages.append(page)
+        else:  # acquiring never changes the radix: find the prefix, then take it
+            for h in hashes:
+                page = primary.get(h)
+                if page is None:
+                    break
+                pages.append(page)
+            self.acquire_all(pages)
         self.counters.matches += 1
         self.counters.matched_blocks += len(pages)
         return pages
@@ -309,7 +327,7 @@ class PageRefs:
         taken: list[int] = []
         try:
             for page in pages:
-                pool.acquire(page)
+                pool.acquire_all((page,))  # one at a time: on a failure, ``taken`` is exact
                 taken.append(page)
         except AccountingError:
             pool.release_all(taken)

@@ -40,27 +40,34 @@ class PoolAudit:
         pages, hashes = pool.take_touched()
         refs, page_hash, primary, inactive = pool._refs, pool._hash, pool._primary, pool._inactive
         active = self._active
+        n_active = self._n_active
+        add_hash = hashes.add
         problem = None
-        for p in pages:
+        for p in pages:  # the monitors run this after every event: one branch per refcount sign
             r = refs[p]
             h = page_hash[p]
-            if r < 0:
-                problem = f"pool: page {p} has refcount {r}"
-            elif r > 0 and p in inactive:
-                problem = f"pool: page {p} is inactive with refcount {r}"
-            elif p in inactive and (h is None or primary.get(h) != p):
-                problem = f"pool: inactive page {p} is not a registered primary"
+            if r > 0:
+                if p in inactive:
+                    problem = f"pool: page {p} is inactive with refcount {r}"
+                if not active[p]:
+                    active[p] = 1
+                    n_active += 1
+            else:
+                if r < 0:
+                    problem = f"pool: page {p} has refcount {r}"
+                elif p in inactive and (h is None or primary.get(h) != p):
+                    problem = f"pool: inactive page {p} is not a registered primary"
+                if active[p]:
+                    active[p] = 0
+                    n_active -= 1
             if h is not None:
-                hashes.add(h)
-            now = r > 0
-            if active[p] != now:
-                active[p] = now
-                self._n_active += 1 if now else -1
+                add_hash(h)
+        self._n_active = n_active
         for h in hashes:
             q = primary.get(h)
             if q is not None and (page_hash[q] != h or (refs[q] == 0 and q not in inactive)):
                 problem = f"pool: radix entry for page {q} is stale"
-        if problem is None and len(pool._reset) + len(inactive) + self._n_active != pool.num_blocks:
+        if problem is None and len(pool._reset) + len(inactive) + n_active != pool.num_blocks:
             problem = "pool: reset + inactive + active != total"
         if problem is None and pool.entitlement_enabled and pool.entitled < 0:
             problem = "pool: negative entitlement"

@@ -215,23 +215,29 @@ class RequestKv:
         self._drawn = _NONE_DRAWN
         if need <= 0:
             return True
-        with self._settle():
-            pages = self.pool.allocate(need)
-            if pages is None:
-                return False
+        before = len(self.pages)  # as ``with self._settle()``, without its object: a draw
+        pages = self.pool.allocate(need)  # runs once per page per request (n > 0: no raise)
+        if pages is not None:
             self.pages.extend(pages)
+        if self.admitted:
+            self._settle_entitlement(before)
+        if pages is None:
+            return False
         self._drawn = pages
         return True
 
     def _register_complete(self) -> None:
         complete = self.kv_position // self.block_size
-        if complete > len(self.hashes):
-            self.hashes.extend(block_hashes(self.tokens, self.block_size, self.salt,
-                                            start=len(self.hashes),
-                                            parent=self.hashes[-1] if self.hashes else None))
-        for i in range(self.registered, complete):
-            self.pool.register(self.pages[i], self.hashes[i])
-        self.registered = max(self.registered, complete)
+        hashes = self.hashes
+        if complete > len(hashes):
+            hashes.extend(block_hashes(self.tokens, self.block_size, self.salt, start=len(hashes),
+                                       parent=hashes[-1] if hashes else None))
+        registered = self.registered
+        if complete > registered:
+            register, pages = self.pool.register, self.pages
+            for i in range(registered, complete):
+                register(pages[i], hashes[i])
+            self.registered = complete
 
     def _finish_step(self) -> None:
         self._scheduled_tokens = 0
@@ -244,6 +250,14 @@ class RequestKv:
 
     def _settle(self) -> _Settle:
         return _Settle(self)
+
+    def _settle_entitlement(self, before: int) -> None:
+        """An admitted request's resident pages went from ``before`` to now: move the
+        entitlement counter by the change in its remaining draw (never below zero: the
+        eager page can overshoot)."""
+        before_rem = max(0, self.lifetime_blocks - before)
+        after_rem = max(0, self.lifetime_blocks - len(self.pages))
+        self.pool.entitle(after_rem - before_rem)
 
 
 class _Settle:
@@ -259,10 +273,5 @@ class _Settle:
         self.before = self.kv.resident_blocks
 
     def __exit__(self, *exc: object) -> None:
-        kv = self.kv
-        if kv.admitted:
-            after = kv.resident_blocks
-            # draws shrink the remainder (never below zero: the eager page can overshoot)
-            before_rem = max(0, kv.lifetime_blocks - self.before)
-            after_rem = max(0, kv.lifetime_blocks - after)
-            kv.pool.entitle(after_rem - before_rem)
+        if self.kv.admitted:
+            self.kv._settle_entitlement(self.before)

@@ -264,7 +264,8 @@ class DecodeCohort:
             for i, tok in zip(rows, toks):
                 a = active[i]
                 slot = order[i]
-                self.sync(slot)
+                if sync_k[slot] < k:  # most due rows were delivered when they were scheduled
+                    self.sync(slot)
                 kv = a.kv
                 if kv.state is _IDLE:
                     kv.schedule_decode()  # draws nothing (the row was not due): the state flip
