@@ -32,9 +32,10 @@ class QueuedLink:
         self.busy_s = 0.0
         self.copies = 0
 
-    def landing_time(self, nbytes: int) -> float:
-        """Queue a copy; the absolute time it lands."""
-        now = self.rt.now()
+    def landing_time(self, nbytes: int, now: float | None = None) -> float:
+        """Queue a copy; the absolute time it lands (``now``: the caller's reading of it)."""
+        if now is None:
+            now = self.rt.now()
         dt = self.spec.latency_s + nbytes * self._per_byte
         start = self._free_at[0]
         if start < now:
@@ -47,7 +48,8 @@ class QueuedLink:
         return end
 
     def copy(self, nbytes: int) -> Event:
-        return self.rt.sleep(self.landing_time(nbytes) - self.rt.now())
+        now = self.rt.now()  # read once: simulated time cannot move inside this call
+        return self.rt.sleep(self.landing_time(nbytes, now) - now)
 
     def drained_at(self) -> float:
         """When the last copy queued so far lands (every engine is free from then on)."""

@@ -64,15 +64,22 @@ class RooflineStepModel:
         self._s_kv = model.kv_bytes_per_token / bw
         self._overhead = hardware.step_overhead_s
 
-    def breakdown(self, f: StepFeatures) -> StepBreakdown:
+    def _compute_memory(self, f: StepFeatures) -> tuple[float, float]:
         compute = ((f.prefill_tokens + f.decode_rows_padded) * self._s_dense
                    + (f.logit_rows + f.decode_rows_padded) * self._s_head
                    + (f.prefill_attn_pairs + f.decode_context_tokens) * self._s_pair)
         memory = self._s_weights + (f.prefill_context_tokens + f.decode_context_tokens) * self._s_kv
+        return compute, memory
+
+    def breakdown(self, f: StepFeatures) -> StepBreakdown:
+        compute, memory = self._compute_memory(f)
         return StepBreakdown(compute, memory, self._overhead)
 
     def features_time(self, f: StepFeatures) -> float:
-        return self.breakdown(f).total_s
+        """``breakdown(f).total_s`` (the same sum), without building the frozen breakdown:
+        this runs every simulated step."""
+        compute, memory = self._compute_memory(f)
+        return self._overhead + max(compute, memory)
 
     def step_time(self, plan: StepPlan) -> float:
         return self.features_time(step_features(plan, self.pad_unified))

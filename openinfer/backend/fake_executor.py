@@ -166,10 +166,8 @@ class FakeExecutor:
         x %= np.uint64(self.vocab_size)
         tok = x.view(np.int64)
         eos = self.eos_token
-        if eos < self.vocab_size:
-            hit = tok == eos
-            if hit.any():
-                tok[hit] = (eos + 1) % self.vocab_size
+        if eos < self.vocab_size and eos in tok:  # ``in``: one C-level pass, no mask kept
+            tok[tok == eos] = (eos + 1) % self.vocab_size
         stop = self.stop_after
         if stop:
             completion = (position - batch.num_prompt).tolist()

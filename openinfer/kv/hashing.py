@@ -38,11 +38,13 @@ def validate_tokens(tokens: Sequence[int], field: str = "prompt", vocab_size: in
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_SALT,
-                 start: int = 0, parent: BlockHash | None = None) -> list[BlockHash]:
+                 start: int = 0, parent: BlockHash | None = None, raw: bytes | None = None) -> list[BlockHash]:
     """Hashes of the complete blocks of ``tokens`` from block index ``start`` on.
 
     ``parent`` is the hash of block ``start - 1`` (or the salt when ``start == 0``), so a
-    caller that already hashed a prefix extends the chain without rehashing it.
+    caller that already hashed a prefix extends the chain without rehashing it. ``raw``:
+    all of ``tokens`` as int64 bytes (``token_bytes``), when the caller already converted
+    them (admission validates a prompt through that conversion), so it is not done twice.
     """
     prev = salt if start == 0 else parent
     if prev is None:
@@ -50,11 +52,20 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_
     n_full = len(tokens) // block_size
     if start >= n_full:
         return []
-    raw = array("q", tokens[start * block_size:n_full * block_size]).tobytes()
     stride = block_size * 8
+    if raw is None:
+        raw = array("q", tokens[start * block_size:n_full * block_size]).tobytes()
+        offset = 0
+    else:
+        offset = start * stride
     blake = hashlib.blake2b
     out: list[BlockHash] = []
-    for j in range(n_full - start):
-        prev = blake(raw[j * stride:(j + 1) * stride], digest_size=HASH_BYTES, key=prev).digest()
+    for j in range(offset, offset + (n_full - start) * stride, stride):
+        prev = blake(raw[j:j + stride], digest_size=HASH_BYTES, key=prev).digest()
         out.append(prev)
     return out
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """``tokens`` as the int64 bytes ``block_hashes`` hashes (raises like ``array('q')``)."""
+    return array("q", tokens).tobytes()

@@ -12,11 +12,12 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from simpy.events import Event
 
 from openinfer.backend.executor import Executor, StepKind, StepPlan, StepResult
 from openinfer.errors import ConfigError
-from openinfer.kv.hashing import block_hashes, salt_hash
+from openinfer.kv.hashing import block_hashes, salt_hash, token_bytes
 from openinfer.kv.prefix import ResolvePolicy
 from openinfer.kv.flush import FlushOutcome
 from openinfer.kv.saves import SaveClass, SaveCursor
@@ -36,6 +37,21 @@ from openinfer.scheduler.step_builder import build_step, choose_kind, ensure_kv,
 Observer = Callable[[str, dict[str, Any]], None]
 KV_ALLOCATION_FAILED = "KV allocation failed while scheduling the step"
 _INT_ONLY = {int}  # token ids are exactly ints (not bools, not numpy scalars)
+_CACHEABLE = SaveClass.CACHEABLE  # read per completed block: a plain name, not an Enum attribute
+
+
+def _token_ids(prompt: list[int], vocab: int) -> bytes | None:
+    """The prompt as int64 bytes if every token is exactly an int (not a bool, not a numpy
+    scalar) in [0, vocab), else None. The range is read off the converted array (numpy's
+    min/max: a Python ``min``/``max`` over a 1k-token prompt costs more than the hashing)."""
+    if set(map(type, prompt)) != _INT_ONLY:
+        return None
+    try:
+        raw = token_bytes(prompt)
+    except OverflowError:  # beyond int64: out of range
+        return None
+    ids = np.frombuffer(raw, dtype=np.int64)
+    return raw if ids.min() >= 0 and ids.max() < vocab else None
 
 
 @dataclass
@@ -118,7 +134,7 @@ class Engine:
         return LoadSnapshot(self.pool.total_blocks() - self.pool.available_blocks(), self.pool.total_blocks(),
                             len(self.active) + len(self.prefilling),
                             len(self.deferred) + len(self.post_control_deferred) + resolving + self.hub.ready_count()
-                            + sum(isinstance(x, PendingRequest) for x in self._intake),
+                            + (sum(isinstance(x, PendingRequest) for x in self._intake) if self._intake else 0),
                             self.hub.in_flight())
 
     def has_work(self) -> bool:
@@ -181,11 +197,12 @@ class Engine:
                 self._accept(item)
 
     def _accept(self, p: PendingRequest) -> None:
-        problem = self._validate(p.req)
+        problem, raw = self._validate(p.req)
         if problem is not None:
             self._reject(p, problem)
             return
-        p.hashes = block_hashes(p.req.prompt, self.pool.block_size, salt_hash(p.req.cache_salt, p.req.lora))
+        p.hashes = block_hashes(p.req.prompt, self.pool.block_size, salt_hash(p.req.cache_salt, p.req.lora),
+                                raw=raw)
         p.adapter_loaded_at_arrival = p.req.lora is None or p.req.lora in self.executor.adapters()
         self._emit("accepted", req=p)
         if self.pending_control:
@@ -199,17 +216,19 @@ class Engine:
         else:
             self.deferred.append(p)
 
-    def _validate(self, req: GenerateRequest) -> str | None:
+    def _validate(self, req: GenerateRequest) -> tuple[str | None, bytes | None]:
+        """(the first problem of the request or None, its prompt as int64 bytes when valid)."""
         if not req.prompt:
-            return str(ConfigError("prompt", req.prompt, "a non-empty list of token ids"))
+            return str(ConfigError("prompt", req.prompt, "a non-empty list of token ids")), None
         if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
-            return str(ConfigError("max_tokens", req.max_tokens, "an int >= 1"))
+            return str(ConfigError("max_tokens", req.max_tokens, "an int >= 1")), None
         vocab = self.executor.vocab_size
         prompt = req.prompt
-        if not (set(map(type, prompt)) == _INT_ONLY and min(prompt) >= 0 and max(prompt) < vocab):
+        raw = _token_ids(prompt, vocab)
+        if raw is None:
             i, t = next((i, t) for i, t in enumerate(prompt) if type(t) is not int or not 0 <= t < vocab)
-            return str(ConfigError(f"prompt[{i}]", t, f"a token id in [0, {vocab})"))
-        return req.params.problems()
+            return str(ConfigError(f"prompt[{i}]", t, f"a token id in [0, {vocab})")), None
+        return req.params.problems(), raw
 
     # -- control ----------------------------------------------------------------------
     def _accept_control(self, pc: PendingControl) -> None:
@@ -266,6 +285,8 @@ class Engine:
         return ControlResponse(err is None, err, adapters=self.executor.adapters())
 
     def _reject_unknown_adapters(self) -> None:
+        if not self.deferred:  # every pass asks; most have nobody waiting
+            return
         loaded = set(self.executor.adapters())
         keep = []
         for p in self.deferred:
@@ -426,7 +447,7 @@ class Engine:
         """One decode row's effects (its KV scheduled): True if the request stays active."""
         kv = a.kv
         if kv.apply_decode(tok):
-            self.store.seal(self.rank, kv, a.cursor, SaveClass.CACHEABLE)
+            self.store.seal(self.rank, kv, a.cursor, _CACHEABLE)
         completion = a.generated + 1
         if tok == self.executor.eos_token and not a.req.params.ignore_eos:
             finishes.append(Finish(a.sink, self._finished(a.id, FinishReason.STOP, completion, a.queued_at),
