@@ -25,7 +25,7 @@ from sim.client import AbortSpec, Client
 from sim.cluster import Cluster
 from sim.faults import FaultHook, FaultSpec, last_heal
 from sim.metrics import cache_summary, status_counts, summarize
-from sim.monitors import InvariantViolation, Monitor, MonitorConfig, Timeline, timeline_tail
+from sim.monitors import InvariantViolation, Monitor, MonitorConfig, Timeline, engines_drained, timeline_tail
 from sim.workloads import Workload
 
 METASERVER_PORTS = ("registration", "metaserver")
@@ -114,6 +114,9 @@ def run_cluster(cluster: Cluster, workload: Workload, faults: Sequence[PlacedFau
         if client.all_done.triggered:
             # A Finished can precede its last save's D2H and registration: let every store
             # settle (as run_world does), for at most settle_s, before quiescence is judged.
+            drained = engines_drained(rt, [w.engine for w in cluster.instances])
+            if drained is not None:   # aborts the engines have yet to see
+                rt.run(until=rt.any_of([drained, rt.sleep(settle_s)]))
             settled = rt.all_of([w.store.settle(0) for w in cluster.instances])
             rt.run(until=rt.any_of([settled, rt.sleep(settle_s)]))
             for m in mons:

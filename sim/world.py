@@ -28,7 +28,7 @@ from sim.gc_tuning import relaxed_gc
 from sim.hardware import GiB, HardwareSpec, preset as hardware_preset
 from sim.metrics import cache_summary, status_counts, summarize
 from sim.model_geometry import ModelGeometry, preset as model_preset
-from sim.monitors import InvariantViolation, Monitor, MonitorConfig, timeline_tail
+from sim.monitors import InvariantViolation, Monitor, MonitorConfig, engines_drained, timeline_tail
 from sim.step_model import RooflineStepModel, StepModel
 from sim.timeline import TimelineSampler
 from sim.workloads import Workload
@@ -183,6 +183,9 @@ def run_world(w: World, workload: Workload, client: Client | None = None) -> dic
             # The last request's Finished can precede its last save's D2H: let the copies
             # land (a flush barrier) before quiescence is judged, or every run whose final
             # step sealed a block would report pinned pages that are merely in flight.
+            drained = engines_drained(rt, [w.engine])   # aborts the engine has yet to see
+            if drained is not None:
+                rt.run(until=rt.any_of([drained, guard]))
             rt.run(until=rt.any_of([w.store.settle(0), guard]))
             monitor.check_end(rt.now())
     except InvariantViolation as err:

@@ -117,3 +117,21 @@ def test_a_run_relaxes_the_garbage_collector_and_restores_it() -> None:
     assert gc.get_threshold() == before
     _report(1)
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_requests_aborted_at_the_end_are_drained_before_quiescence_is_judged(seed: int) -> None:
+    """Regression seeds (found 2026-12-03): the client counts an aborted request as ended at
+    once, but the engine sees the abort at its next pass (seed 3: a cancelled row still
+    running), and a request whose prefix had just resolved sat in the resolve hub with its
+    25-page hold (seed 0). Judged at the client's last end, both runs reported a
+    quiescence violation under variant=fixed; the run now drains the engine first."""
+    workload = ChatWorkload(num_sessions=20, turns=LengthDist.fixed(3), system_prompt_len=256,
+                            user_len=LengthDist.lognormal(60, 0.5), output_len=LengthDist.lognormal(30, 0.5),
+                            think_time_s=0.5, arrival=ArrivalSpec(rate=8.0), max_requests=60)
+    w = build_world(WorldConfig(seed=seed, num_blocks=400, abort_probability=0.2, abort_after_s=0.05))
+    rep = run_world(w, workload)
+    assert rep["violation"] is None
+    assert rep["sim"]["quiescent_issues"] == []
+    assert rep["outcomes"]["aborted"] > 0
+    assert not w.engine.has_work() and w.pool.available_blocks() == w.pool.max_request_blocks()
