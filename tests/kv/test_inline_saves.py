@@ -20,13 +20,14 @@ from sim.copy_queue import QueuedTransfer
 
 HASHES = block_hashes(list(range(16 * 24)), 16)  # 24 distinct block names
 
-SAVES = st.lists(st.tuples(st.lists(st.integers(0, len(HASHES) - 1), min_size=1, max_size=5, unique=True),
-                           st.sampled_from([0.0, 0.0, 1e-4, 3e-3])), max_size=25)
+MAX_SAVES, MAX_BLOCKS = 25, 5
+SAVES = st.lists(st.tuples(st.lists(st.integers(0, len(HASHES) - 1), min_size=1, max_size=MAX_BLOCKS, unique=True),
+                           st.sampled_from([0.0, 0.0, 1e-4, 3e-3])), max_size=MAX_SAVES)
 
 
 def run(saves: list[tuple[list[int], float]], inline: bool, capacity: int) -> Any:
     rt = SimRuntime(seed=0)
-    pool = BlockPool(16, 64)
+    pool = BlockPool(16, 1 + MAX_SAVES * MAX_BLOCKS)  # every save's pages can be in flight at once
     link = LinkSpec(1.0, 1e-5, 2)
     tier = HostTier(rt, capacity, QueuedTransfer(rt, 1 << 20, d2h=link, h2d=link), inline_saves=inline)
     records = []
