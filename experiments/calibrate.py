@@ -18,7 +18,9 @@ work between back-to-back steps (``sim.calibration.fit_host_gaps``: a base, more
 step with prompt tokens, per decode row, per copy submitted) and whether a step waits for
 a copy in flight when it starts (``sim.calibration.copy_wait``, per direction); the wait a
 step spent on such a copy is taken off its measured time before the step fit, since the
-simulator adds it itself.
+simulator adds it itself; and whether a copy submitted during a step starts only when that
+step ends (``sim.calibration.copy_order``: the CUDA executor orders its copy streams after
+the compute stream), which the profile passes on as ``world.copies_after_step``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from experiments.cli import main_guard, parse_overrides
 from openinfer.errors import ConfigError, require
 from sim.calibration import (COPY_DIRECTIONS, OUTLIER_RATIO, copy_wait, fit_copies, fit_host_gaps, fit_steps, host_gap_s,
-                             host_hold, read_jsonl)
+                             copy_order, host_hold, read_jsonl)
 from sim.profile import FittedProfile
 
 TARGETS = ("wall_s", "gpu_s")
@@ -88,6 +90,7 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     gap_fit = fit_host_gaps(timed, cfg.target)
     links = fit_copies(copy_records, cfg.copy_target)
     hold = host_hold(timed)
+    order = copy_order(timed, hold.holds)
     slug = gpu.lower().replace("nvidia", "").strip().replace(" ", "-")
     name = cfg.name or f"{slug}_{cfg.model}"
     return FittedProfile(
@@ -98,7 +101,8 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
         host_gap=dict(after_eager=gap_fit.after_eager, before_eager=gap_fit.before_eager,
                       per_row=gap_fit.per_row, per_copy=gap_fit.per_copy) if gap_fit.samples else {},
         steps_wait_for=wait_for,
-        quality=dict(steps=step_quality, host_gaps=gaps, median_host_gap_s=median_gap, host_gap_fit=gap_fit.as_dict(),
+        copies_after_step=order.after_step,
+        quality=dict(copy_order=order.as_dict(), steps=step_quality, host_gaps=gaps, median_host_gap_s=median_gap, host_gap_fit=gap_fit.as_dict(),
                      host_hold=hold.as_dict(), copy_wait={d: w.as_dict() for d, w in waits.items()}),
         source=dict(steps=step_files, copies=cfg.copies, target=cfg.target, copy_target=cfg.copy_target,
                     validate_report=cfg.validate_report))
@@ -135,6 +139,10 @@ def print_profile(p: FittedProfile, path: Path) -> None:
     print(f"  host    a step {'holds' if p.host_holds_steps else 'does not hold'} the host thread: "
           f"{h.get('seen_inside', 0)} of {h.get('due_inside', 0)} copies that landed inside a step were seen "
           "before it ended")
+    o = p.quality.get("copy_order") or {}
+    print(f"  copies  {'start when the step in flight ends' if p.copies_after_step else 'start when submitted'}: "
+          f"{o.get('seen_after_it', 0)} of {o.get('submitted_mid_step', 0)} copies submitted during a step (DMA "
+          "short enough to land inside it) were seen only after it ended")
     for d in ("d2h", "h2d"):
         link = getattr(p, d)
         if link is not None:

@@ -7,13 +7,18 @@ them into ``t = a + g·eager_step + b·prefill_tokens + c·prefill_attn_pairs
 + d·decode_rows_padded + e·decode_context_tokens`` (plus ``d'·rows + e'·context`` for the
 decode rows of an eager step) by least squares, and the simulator then runs on it. ``prefill_attn_pairs`` (≈ tokens²/2 for a cold chunk) carries the quadratic
 attention term, so a 16k prompt stays superlinear. ``eager_step`` is 1 for a step with
-prompt tokens: the real executor replays CUDA graphs only for pure decode, so every other
-step pays the per-kernel launch cost of an eager pass, a constant the other terms cannot
-express; for the same reason a decode row computed in an eager (unified) step does not
-cost what a row of a replayed graph does, and ``eager_decode_rows`` /
-``eager_decode_context_tokens`` are what such a row costs on top (with one shared slope
-the served runs' unified steps dragged the graph-decode slope up and large-batch decode
-came out 20-40% slow on the H200 step grid). The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
+prompt tokens that runs eagerly (no prefill graph holds it): it pays the per-kernel launch
+cost of an eager pass, a constant the other terms cannot express; for the same reason a
+decode row computed in an eager (unified) step does not cost what a row of a replayed
+graph does, and ``eager_decode_rows`` / ``eager_decode_context_tokens`` are what such a
+row costs on top (with one shared slope the served runs' unified steps dragged the
+graph-decode slope up and large-batch decode came out 20-40% slow on the H200 step grid).
+A prompt step replayed as a prefill graph (``prompt_graph``) computes its whole (tokens,
+seqs) bucket, decode rows included, so it is charged ``graph_prompt_step`` plus
+``graph_tokens`` per token of the bucket and ``graph_context_tokens`` per KV row its rows
+read, and the shared attention pairs; fitted on the per-row slopes instead, the
+bucket-(32, 8) steps of the fit workload overcharged the held-out run's bucket-(128, 4)
+steps by 8-10% on three captures. The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
 prefill both matter, and absolute least squares would let the long steps drown out the
 decode steps that TPOT is made of.
 
@@ -37,7 +42,8 @@ from openinfer.errors import ConfigError, require
 from sim.step_features import StepFeatures, step_features
 
 TERMS = ("intercept", "eager_step", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens",
-         "eager_decode_rows", "eager_decode_context_tokens", "graph_prompt_step")
+         "eager_decode_rows", "eager_decode_context_tokens", "graph_prompt_step", "graph_tokens",
+         "graph_context_tokens")
 MEAN_FIT_ITERATIONS = 25
 
 
@@ -62,6 +68,8 @@ class CalibratedStepModel:
     eager_decode_context_tokens: float = 0.0   # extra per context token of those rows
     graph_prompt_step: float = 0.0             # a step with prompt tokens replayed as a graph:
                                                # instead of eager_step (prefill_graphs below)
+    graph_tokens: float = 0.0                  # per token of the bucket such a graph computes
+    graph_context_tokens: float = 0.0          # per KV row its rows read (prompt and decode rows)
     host_per_row: float = 0.0                  # host work per (unpadded) decode row, between steps:
                                                # from the host-gap fit (sim.profile), not this fit
     pad_unified: bool = False
@@ -69,14 +77,20 @@ class CalibratedStepModel:
     min_step_s: float = 1e-6  # a fit may extrapolate below zero; a step never takes no time
 
     def features_time(self, f: StepFeatures) -> float:
-        t = (self.intercept + self.decode_rows_padded * f.decode_rows_padded
-             + self.decode_context_tokens * f.decode_context_tokens + self.host_per_row * f.decode_rows)
-        if f.prefill_tokens:
-            t += ((self.graph_prompt_step if f.prompt_graph else self.eager_step)
-                  + self.prefill_tokens * f.prefill_tokens
-                  + self.prefill_attn_pairs * f.prefill_attn_pairs
-                  + self.eager_decode_rows * f.decode_rows_padded
-                  + self.eager_decode_context_tokens * f.decode_context_tokens)
+        t = self.intercept + self.host_per_row * f.decode_rows
+        if f.prompt_graph and f.prefill_tokens:
+            # a replay computes its whole bucket; its decode rows are rows of that bucket
+            t += (self.graph_prompt_step + self.graph_tokens * f.graph_tokens
+                  + self.graph_context_tokens * (f.prefill_context_tokens + f.decode_context_tokens)
+                  + self.prefill_attn_pairs * f.prefill_attn_pairs)
+        else:
+            t += (self.decode_rows_padded * f.decode_rows_padded
+                  + self.decode_context_tokens * f.decode_context_tokens)
+            if f.prefill_tokens:
+                t += (self.eager_step + self.prefill_tokens * f.prefill_tokens
+                      + self.prefill_attn_pairs * f.prefill_attn_pairs
+                      + self.eager_decode_rows * f.decode_rows_padded
+                      + self.eager_decode_context_tokens * f.decode_context_tokens)
         return t if t > self.min_step_s else self.min_step_s
 
     def step_time(self, plan: StepPlan) -> float:
@@ -118,9 +132,13 @@ class CalibratedStepModel:
             require(seconds >= 0, f"calibration.samples[{i}].seconds", seconds, "a number >= 0")
             prompt = 1.0 if f.prefill_tokens else 0.0
             graph = prompt if f.prompt_graph else 0.0
-            rows.append((1.0, prompt - graph, f.prefill_tokens, f.prefill_attn_pairs,
-                         f.decode_rows_padded, f.decode_context_tokens,
-                         prompt * f.decode_rows_padded, prompt * f.decode_context_tokens, graph))
+            eager = prompt - graph
+            rest = 1.0 - graph          # decode steps and eager prompt steps
+            rows.append((1.0, eager, eager * f.prefill_tokens, f.prefill_attn_pairs,
+                         rest * f.decode_rows_padded, rest * f.decode_context_tokens,
+                         eager * f.decode_rows_padded, eager * f.decode_context_tokens, graph,
+                         graph * f.graph_tokens,
+                         graph * (f.prefill_context_tokens + f.decode_context_tokens)))
             ys.append(seconds)
         a = np.asarray(rows, dtype=float)
         y = np.asarray(ys, dtype=float)

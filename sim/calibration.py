@@ -28,7 +28,10 @@ from sim.calibrated_step_model import CalibratedStepModel
 from sim.profile import LinkFit
 from sim.step_features import StepFeatures, step_features
 
-FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures) if f.name != "prompt_graph")
+# What the executor did with a step (replayed a prefill graph, and of which bucket) comes
+# from its ``prefill_graph`` field, not from the counts.
+GRAPH_FIELDS = ("prompt_graph", "graph_tokens")
+FEATURE_FIELDS = tuple(f.name for f in fields(StepFeatures) if f.name not in GRAPH_FIELDS)
 COPY_DIRECTIONS = ("d2h", "h2d")
 GiB = 1024 ** 3
 MAX_BACK_TO_BACK_GAP_S = 0.02  # a longer gap means the engine had nothing to run, not overhead
@@ -79,9 +82,11 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     through ``sim.step_features.step_features`` (the one implementation of the counts the
     simulator charges), with the decode padding the real executor recorded."""
     given = rec.get("features", rec)
-    graph = int(bool(rec.get("prefill_graph") or given.get("prompt_graph")))  # what the executor did
+    bucket = rec.get("prefill_graph")                   # [tokens, seqs]: what the executor replayed
+    graph = dict(prompt_graph=int(bool(bucket or given.get("prompt_graph"))),
+                 graph_tokens=int(bucket[0]) if bucket else int(given.get("graph_tokens", 0)))
     if all(k in given for k in FEATURE_FIELDS):
-        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS}, prompt_graph=graph)
+        return StepFeatures(**{k: int(given[k]) for k in FEATURE_FIELDS}, **graph)
     if "prefill" not in rec and "prefill_rows" not in rec and "decode_positions" not in rec:
         raise ConfigError("step record", sorted(rec)[:8], f"the fields {', '.join(FEATURE_FIELDS)} "
                           "or prefill + decode_positions")
@@ -91,7 +96,7 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
     kind = StepKind.DECODE if pure_decode else StepKind.UNIFIED
     f = step_features(StepPlan(kind, prefill=prefill, decode=decode))  # type: ignore[arg-type]
     padded = rec.get("decode_rows_padded")
-    return replace(f, prompt_graph=graph,
+    return replace(f, **graph,
                    decode_rows_padded=f.decode_rows_padded if padded is None else int(padded))
 
 
@@ -279,9 +284,8 @@ HOLD_MIN_COPIES = 20
 HOLD_MAX_SHARE = 0.05      # a free host sees nearly all of them inside the step
 
 
-def host_hold(records: Sequence[Mapping[str, Any]]) -> HostHold:
-    """Whether the real engine's host is held during a step (``sim.host_thread``), from the
-    step and copy records of served runs (copies without ``gpu_s`` carry no evidence)."""
+def _step_spans(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per run, the (starts, ends) of its steps in time order."""
     steps = sorted((r for r in records if not is_copy(r) and _start(r) is not None and r.get("wall_s") is not None),
                    key=lambda r: (str(r.get("run")), _start(r)))
     by_run: dict[str, tuple[list[float], list[float]]] = {}
@@ -289,19 +293,76 @@ def host_hold(records: Sequence[Mapping[str, Any]]) -> HostHold:
         starts, ends = by_run.setdefault(str(r.get("run")), ([], []))
         starts.append(_start(r))  # type: ignore[arg-type]
         ends.append(_start(r) + float(r["wall_s"]))  # type: ignore[operator]
+    return by_run
+
+
+def _timed_copies(records: Sequence[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
+    return (c for c in records if is_copy(c) and c.get("gpu_s") is not None and c.get("wall_s") is not None
+            and c.get("submitted_at") is not None)
+
+
+def _step_at(spans: tuple[list[float], list[float]], t: float) -> int | None:
+    """The index of the step running at ``t``, if one is."""
+    starts, ends = spans
+    i = bisect_right(starts, t) - 1
+    return i if i >= 0 and t < ends[i] else None
+
+
+def host_hold(records: Sequence[Mapping[str, Any]]) -> HostHold:
+    """Whether the real engine's host is held during a step (``sim.host_thread``), from the
+    step and copy records of served runs (copies without ``gpu_s`` carry no evidence, nor
+    do copies submitted during the step they would land in: those are ordered after it,
+    :func:`copy_order`, so their DMA did not finish inside it)."""
+    by_run = _step_spans(records)
     due = seen = 0
-    for c in records:
-        if not is_copy(c) or c.get("gpu_s") is None or c.get("wall_s") is None or c.get("submitted_at") is None:
-            continue
-        starts, ends = by_run.get(str(c.get("run")), ([], []))
-        landed = float(c["submitted_at"]) + float(c["gpu_s"])
-        i = bisect_right(starts, landed) - 1
-        if i < 0 or landed >= ends[i] - HOLD_MARGIN_S:
+    for c in _timed_copies(records):
+        spans = by_run.get(str(c.get("run")), ([], []))
+        submitted = float(c["submitted_at"])
+        landed = submitted + float(c["gpu_s"])
+        i = _step_at(spans, landed)
+        if i is None or landed >= spans[1][i] - HOLD_MARGIN_S or submitted >= spans[0][i]:
             continue
         due += 1
-        seen += float(c["submitted_at"]) + float(c["wall_s"]) < ends[i]
+        seen += submitted + float(c["wall_s"]) < spans[1][i]
     holds = due >= HOLD_MIN_COPIES and seen <= HOLD_MAX_SHARE * due
     return HostHold(holds, due, seen)
+
+
+@dataclass(frozen=True)
+class CopyOrder:
+    """Does a copy submitted during a step start only when that step ends? The CUDA
+    executor orders its copy streams after every step launched so far; on a free host a
+    copy that did not wait would be seen landing inside the step."""
+
+    after_step: bool
+    submitted_mid_step: int   # copies submitted during a step whose DMA alone would end inside it
+    seen_after_it: int        # ... of which the host saw land only after that step ended
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(after_step=self.after_step, submitted_mid_step=self.submitted_mid_step,
+                    seen_after_it=self.seen_after_it)
+
+
+ORDER_MIN_COPIES = 10
+ORDER_MIN_SHARE = 0.8
+
+
+def copy_order(records: Sequence[Mapping[str, Any]], host_holds: bool) -> CopyOrder:
+    """:class:`CopyOrder` from served runs' step and copy records. On a held host every
+    copy is seen after the step anyway, so there the records cannot tell and the answer is
+    no (the simulator then defers what lands mid-step to the step's end regardless)."""
+    by_run = _step_spans(records)
+    mid = after = 0
+    for c in _timed_copies(records):
+        spans = by_run.get(str(c.get("run")), ([], []))
+        submitted = float(c["submitted_at"])
+        i = _step_at(spans, submitted)
+        if i is None or submitted + float(c["gpu_s"]) >= spans[1][i] - HOLD_MARGIN_S:
+            continue
+        mid += 1
+        after += submitted + float(c["wall_s"]) >= spans[1][i]
+    ordered = not host_holds and mid >= ORDER_MIN_COPIES and after >= ORDER_MIN_SHARE * mid
+    return CopyOrder(ordered, mid, after)
 
 
 @dataclass(frozen=True)

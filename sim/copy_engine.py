@@ -3,11 +3,16 @@
 A copy takes ``latency + bytes / bandwidth`` once it reaches the head of its engine's
 queue; by default there is one engine each way, as on a GPU with one copy engine per
 direction. Nothing moves: the simulator only needs to know when the copy lands.
+
+``after_compute`` (set by the world when ``copies_after_step`` is on) is the time the step
+in flight ends: the CUDA executor orders each copy stream after every step launched so far
+(a D2H must not read KV a step is still writing), so a copy submitted mid-step starts at
+the earliest when that step ends, and the copies queued behind it wait with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +51,15 @@ class Link:
         self.busy_s = 0.0
         self.copies = 0
 
-    def copy(self, nbytes: int) -> Event:
-        return self.rt.spawn(self._copy(nbytes))
+    def copy(self, nbytes: int, not_before: float = 0.0) -> Event:
+        return self.rt.spawn(self._copy(nbytes, not_before))
 
-    def _copy(self, nbytes: int) -> Generator[Event, Any, None]:
+    def _copy(self, nbytes: int, not_before: float) -> Generator[Event, Any, None]:
         with self._engines.request() as slot:
             yield slot
+            wait = not_before - self.rt.now()
+            if wait > 0:        # at the head of the stream, waiting for the step it follows
+                yield self.rt.sleep(wait)
             dt = self.spec.seconds(nbytes)
             yield self.rt.sleep(dt)
         self.bytes_moved += nbytes
@@ -78,12 +86,15 @@ class ModeledTransfer:
         self.peer_link = self.link_class(rt, peer or h2d)
         self.connect_s = connect_s
         self._connected: set[str] = set()
+        self.after_compute: Callable[[], float] | None = None   # see the module docstring
 
     def d2h(self, pages: list[int], slots: list[int]) -> Event:
-        return self.d2h_link.copy(len(pages) * self.page_bytes)
+        after = self.after_compute
+        return self.d2h_link.copy(len(pages) * self.page_bytes, after() if after else 0.0)
 
     def h2d(self, slots: list[int], pages: list[int]) -> Event:
-        return self.h2d_link.copy(len(pages) * self.page_bytes)
+        after = self.after_compute
+        return self.h2d_link.copy(len(pages) * self.page_bytes, after() if after else 0.0)
 
     def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
         nbytes = len(src_slots) * self.page_bytes

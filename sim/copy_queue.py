@@ -32,14 +32,17 @@ class QueuedLink:
         self.busy_s = 0.0
         self.copies = 0
 
-    def landing_time(self, nbytes: int, now: float | None = None) -> float:
-        """Queue a copy; the absolute time it lands (``now``: the caller's reading of it)."""
+    def landing_time(self, nbytes: int, now: float | None = None, not_before: float = 0.0) -> float:
+        """Queue a copy; the absolute time it lands (``now``: the caller's reading of it;
+        ``not_before``: the end of the step it is ordered after)."""
         if now is None:
             now = self.rt.now()
         dt = self.spec.latency_s + nbytes * self._per_byte
         start = self._free_at[0]
         if start < now:
             start = now
+        if start < not_before:
+            start = not_before
         end = start + dt
         heapq.heapreplace(self._free_at, end)
         self.bytes_moved += nbytes
@@ -47,9 +50,9 @@ class QueuedLink:
         self.copies += 1
         return end
 
-    def copy(self, nbytes: int) -> Event:
+    def copy(self, nbytes: int, not_before: float = 0.0) -> Event:
         now = self.rt.now()  # read once: simulated time cannot move inside this call
-        return self.rt.sleep(self.landing_time(nbytes, now) - now)
+        return self.rt.sleep(self.landing_time(nbytes, now, not_before) - now)
 
     def drained_at(self) -> float:
         """When the last copy queued so far lands (every engine is free from then on)."""

@@ -138,6 +138,7 @@ class HostHeldExecutor(SimExecutor):
                 if wait > 0:
                     pre += wait
                     self.copy_wait_s += wait
+        self.busy_until = self.rt.now() + pre + seconds   # the step runs after the host's share
         self.rt.hold(pre + seconds)  # type: ignore[attr-defined]
         return
         yield  # pragma: no cover - a generator that never waits: the host was held instead

@@ -13,8 +13,10 @@ due during a step is handled before it ends); what the thread does between two s
 (``host_overhead_s`` plus ``host_gap``: more around a step with prompt tokens, per decode
 row, per copy submitted; ``sim.calibration.fit_host_gaps``); and whether a step waits for
 a copy still in flight when it starts (``steps_wait_for``: the H200 captures say a D2H
-does, an H2D does not; ``sim.calibration.copy_wait``). :meth:`FittedProfile.world` builds a
-simulated instance that behaves that way (``sim.host_thread``).
+does, an H2D does not; ``sim.calibration.copy_wait``); and whether a copy submitted during a
+step starts only when it ends (``copies_after_step``, ``sim.calibration.copy_order``).
+:meth:`FittedProfile.world` builds a simulated instance that behaves that way
+(``sim.host_thread``, ``WorldConfig.copies_after_step``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class FittedProfile:
     host_holds_steps: bool = False          # a step holds the host thread (measured: sim.calibration.host_hold)
     host_gap: dict[str, float] = field(default_factory=dict)  # after_eager, before_eager, per_row, per_copy (s)
     steps_wait_for: tuple[str, ...] = ()    # copy directions a step waits for when one is in flight
+    copies_after_step: bool = False         # a copy submitted mid-step starts when the step ends
     quality: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -116,6 +119,8 @@ class FittedProfile:
         from sim.world import build_world
         if self.host_holds_steps:
             cfg = replace(cfg, host="held")
+        if self.copies_after_step:
+            cfg = replace(cfg, copies_after_step=True)
         w = build_world(cfg, hardware=self.hardware(), model=model, step_model=self.step_time_model())
         if self.host_holds_steps and (self.host_gap.get("per_copy") or self.steps_wait_for):
             w.executor.attach_copies(w.transfer, per_copy_s=self.host_gap.get("per_copy", 0.0),  # type: ignore[attr-defined]

@@ -33,6 +33,8 @@ class StepFeatures:
     decode_rows_padded: int = 0      # rows the kernels run (graph bucket on pure decode steps)
     decode_context_tokens: int = 0   # KV the decode rows read or write: sum of (position + 1)
     prompt_graph: int = 0            # 1: a step with prompt tokens that replays a prefill graph
+    graph_tokens: int = 0            # the token bucket that graph computes (prompt tokens and
+                                     # decode rows padded up): a replay costs its bucket, not its rows
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -66,6 +68,7 @@ def step_features(plan: StepPlan, pad_unified: bool = False, prefill_graphs: boo
     else:
         ctx = sum(r.position for r in decode) + rows
     pad = padded_batch(rows) if rows and (plan.kind is StepKind.DECODE or pad_unified) else rows
-    graph = int(prefill_graphs and p_tokens > 0 and not every_logit
-                and prefill_bucket(p_tokens + rows, len(plan.prefill) + rows) is not None)
-    return StepFeatures(p_tokens, pairs, p_ctx, logits, rows, pad, ctx, graph)
+    bucket = (prefill_bucket(p_tokens + rows, len(plan.prefill) + rows)
+              if prefill_graphs and p_tokens > 0 and not every_logit else None)
+    return StepFeatures(p_tokens, pairs, p_ctx, logits, rows, pad, ctx,
+                        int(bucket is not None), bucket[0] if bucket else 0)

@@ -64,6 +64,8 @@ class WorldConfig:
     monitor_pool_every: int = 4096       # full pool.check() every N passes (O(pages)); an O(changes) audit runs every pass
     host: str = "free"                   # held: a step holds the engine's host thread, as the real
                                          # CUDA executor does (sim/host_thread.py); needs transfer=queued
+    copies_after_step: bool = False      # a D2H/H2D submitted mid-step starts when that step ends,
+                                         # as the CUDA executor orders its copy streams (sim/copy_engine.py)
 
     def __post_init__(self) -> None:
         require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks >= 2),
@@ -153,6 +155,8 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
     sched = SchedulerConfig(max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
                             max_context_tokens=cfg.max_context_tokens, prefix_cache=cfg.prefix_cache,
                             role=role, switches=v.scheduler_switches())
+    if cfg.copies_after_step:
+        transfer.after_compute = executor.compute_free_at
     engine = Engine(rt, store, executor, sched, name=name)
     timeline = TimelineSampler(engine, store, every=cfg.timeline_every, max_rows=cfg.timeline_max_rows)
     return World(cfg, rt, hw, geo, sm, pool, transfer, host, store, executor, engine, timeline, sizing)

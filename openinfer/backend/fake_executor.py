@@ -71,6 +71,7 @@ class FakeExecutor:
         self.fail_steps: set[int] = set()      # step numbers that raise a step error
         self.step_failure: Callable[[StepPlan], str | None] | None = None
         self.steps = 0
+        self.busy_until = 0.0   # when the step in flight (the last one started) ends
         self._adapters: list[str] = []
         # (t, kind, prefill tokens, decode rows) of every step, for tests that read the
         # step sequence; ``keep_log=False`` (a long simulation: one tuple a step, kept
@@ -99,7 +100,9 @@ class FakeExecutor:
         self.steps += 1
         step = self.steps
         answer = rt.event()
-        elapsed = rt.sleep(self.step_time(plan))
+        dt = self.step_time(plan)
+        self.busy_until = started + dt
+        elapsed = rt.sleep(dt)
         elapsed.callbacks.append(lambda _: answer.succeed(self._result(plan, started, step)))
         return answer
 
@@ -108,8 +111,15 @@ class FakeExecutor:
         started = rt.now()
         self.steps += 1
         step = self.steps
-        yield from self._spend(self.step_time(plan))
+        dt = self.step_time(plan)
+        self.busy_until = started + dt
+        yield from self._spend(dt)
         return self._result(plan, started, step)
+
+    def compute_free_at(self) -> float:
+        """When the device is done with every step launched so far (a copy ordered after
+        them starts then at the earliest: ``sim.copy_engine``'s ``after_compute``)."""
+        return self.busy_until
 
     def _spend(self, seconds: float) -> Generator[Event, Any, None]:
         """Let the step's time pass: here, sleep through it (the host is free meanwhile)."""

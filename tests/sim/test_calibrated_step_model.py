@@ -115,21 +115,44 @@ def test_mean_fit_adds_up_to_the_measured_time_when_some_steps_run_slow() -> Non
     assert q.outliers == 1
 
 
-def test_graph_prompt_steps_get_their_own_constant() -> None:
-    """With prefill graphs on, a small prompt step replays a graph and skips the eager
-    launch cost: the fit keeps the two constants apart and remembers that the engine
-    graphs prompt steps, so the simulator charges each plan the constant it would pay."""
+def _graphed(f: StepFeatures) -> StepFeatures:
+    """``f`` as the executor runs it with prefill graphs on: replayed in its bucket if one holds it."""
     from dataclasses import replace
-    true = replace(TRUE, graph_prompt_step=0.3e-3, prefill_graphs=True)
-    samples = [(replace(f, prompt_graph=int(0 < f.prefill_tokens <= 256 and f.decode_rows < 8)), 0.0)
-               for f, _ in _samples(0.0, n=600)]
-    samples = [(f, true.features_time(f)) for f, _ in samples]
+    from openinfer.backend.buckets import prefill_bucket
+    bucket = prefill_bucket(f.prefill_tokens + f.decode_rows, 1 + f.decode_rows) if f.prefill_tokens else None
+    return replace(f, prompt_graph=1, graph_tokens=bucket[0]) if bucket else f
+
+
+GRAPH_TRUE = CalibratedStepModel(**{**TRUE.to_dict(), "graph_prompt_step": 0.3e-3, "graph_tokens": 9e-6,
+                                    "graph_context_tokens": 2.5e-7, "prefill_graphs": True})
+
+
+def test_graph_prompt_steps_are_fitted_on_their_bucket() -> None:
+    """With prefill graphs on, a small prompt step replays a graph: it skips the eager
+    launch cost and computes its whole bucket. The fit keeps the two constants apart,
+    recovers the bucket's per-token and per-KV-row costs, and remembers that the engine
+    graphs prompt steps, so the simulator charges each plan what it would pay."""
+    samples = [(g, GRAPH_TRUE.features_time(g)) for f, _ in _samples(0.0, n=800) for g in [_graphed(f)]]
     assert any(f.prompt_graph for f, _ in samples) and any(f.prefill_tokens and not f.prompt_graph for f, _ in samples)
     model = CalibratedStepModel.fit(samples)
     assert model.prefill_graphs
-    assert model.graph_prompt_step == pytest.approx(0.3e-3, rel=1e-6)
-    assert model.eager_step == pytest.approx(TRUE.eager_step, rel=1e-6)
+    for k, v in GRAPH_TRUE.coefficients().items():
+        assert model.coefficients()[k] == pytest.approx(v, rel=1e-6, abs=1e-15), k
     assert not CalibratedStepModel.fit(_samples(0.0)).prefill_graphs
+
+
+def test_a_graph_replay_costs_its_bucket_not_its_rows() -> None:
+    """Two prompt steps in the same (tokens, seqs) bucket with the same KV read cost the
+    same however many of the bucket's tokens are real; the next bucket up costs more."""
+    from sim.step_features import step_features
+    small, large = (step_features(prefill_plan(n), prefill_graphs=True) for n in (70, 120))
+    assert (small.graph_tokens, large.graph_tokens) == (128, 128)
+    same_ctx = StepFeatures(prefill_tokens=70, prefill_context_tokens=120, prompt_graph=1, graph_tokens=128)
+    assert GRAPH_TRUE.features_time(same_ctx) == pytest.approx(
+        GRAPH_TRUE.features_time(StepFeatures(prefill_tokens=120, prefill_context_tokens=120, prompt_graph=1,
+                                              graph_tokens=128)))
+    up = step_features(prefill_plan(200), prefill_graphs=True)
+    assert up.graph_tokens == 256 and GRAPH_TRUE.features_time(up) > GRAPH_TRUE.features_time(large)
 
 
 def test_step_features_mark_the_prompt_steps_a_prefill_graph_holds() -> None:

@@ -15,7 +15,7 @@ from experiments.calibrate import CalibrateConfig, calibrate
 from openinfer.errors import ConfigError
 from sim.arrivals import ArrivalSpec
 from sim.calibrated_step_model import CalibratedStepModel
-from sim.calibration import features_of, fit_copies, fit_steps, host_gap_s, host_hold
+from sim.calibration import copy_order, features_of, fit_copies, fit_steps, host_gap_s, host_hold
 from sim.lengths import LengthDist
 from sim.profile import FittedProfile, LinkFit
 from sim.step_features import padded_batch
@@ -161,6 +161,41 @@ def test_host_hold_is_read_from_when_copies_are_seen_done(held: bool, tmp_path) 
     assert p.host_holds_steps is held
     assert FittedProfile.load(p.save(tmp_path / "p.yaml")).host_holds_steps is held
     assert host_hold(step_records(60)).holds is False  # no copy evidence: the free host is kept
+
+
+def _restores_mid_step(ordered: bool, n: int = 30) -> list[dict]:
+    """Free-host 5 ms steps, each with a 0.3 ms H2D submitted 1 ms in: seen done 0.3 ms
+    later (the copy ran at once) or just after the step ended (ordered after it)."""
+    out = []
+    for i in range(n):
+        t = i * 5.2e-3
+        out.append(dict(type="step", run="served:x", kind="decode", t_start_s=t, wall_s=5e-3,
+                        decode_positions=[100], decode_rows_padded=1))
+        sub = t + 1e-3
+        seen = (t + 5e-3 + 3e-4 + 2e-5 - sub) if ordered else 3e-4 + 2e-5
+        out.append(dict(type="copy", run="served:x", dir="h2d", pages=1, bytes=2 ** 21, submitted_at=sub,
+                        gpu_s=3e-4, wall_s=seen))
+    return out
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_copy_order_is_read_from_when_mid_step_copies_are_seen(ordered: bool, tmp_path) -> None:
+    """A copy submitted during a step that is seen done only after the step, though its DMA
+    was short, was ordered after the step: the profile says so and the world follows it."""
+    recs = _restores_mid_step(ordered)
+    got = copy_order(recs, host_holds=False)
+    assert got.after_step is ordered and got.submitted_mid_step == 30 and got.seen_after_it == (30 if ordered else 0)
+    assert copy_order(recs, host_holds=True).after_step is False   # a held host sees them late anyway
+    assert host_hold(recs).due_inside == 0     # mid-step submissions are no evidence of a held host
+    path = tmp_path / "served.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs + step_records(60)))
+    p = calibrate(CalibrateConfig(steps=str(path), model="qwen3-0.6b", gpu="g", date="2026-12-04"))
+    assert p.copies_after_step is ordered
+    again = FittedProfile.load(p.save(tmp_path / "p.yaml"))
+    assert again.copies_after_step is ordered
+    from sim.world import WorldConfig
+    world = again.world(WorldConfig(model="qwen3-0.6b", num_blocks=64, host_tier_gib=0.1))
+    assert world.config.copies_after_step is ordered and (world.transfer.after_compute is not None) is ordered
 
 
 def _steps_before_prefill(held: bool, case: str) -> int:

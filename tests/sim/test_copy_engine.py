@@ -107,3 +107,55 @@ def test_on_a_held_host_a_copy_that_lands_mid_step_is_seen_when_the_step_ends() 
     tr.h2d([0], [0])
     rt.hold(5e-3)
     assert tr.h2d_link.queue_delay() == 0.0   # the engine was free: the DMA ran during the step
+
+
+def _ordered_landings(cls: type, step_ends: float, submits: list[tuple[float, int]]) -> list[float]:
+    """Landings when every copy is ordered after a step that ends at ``step_ends``."""
+    rt = SimRuntime(0)
+    link = LinkSpec(bandwidth_gib_s=20.0, latency_s=10e-6)
+    tr = cls(rt, PAGE, d2h=link, h2d=link)
+    tr.after_compute = lambda: step_ends
+    landed: list[float] = [0.0] * len(submits)
+
+    def one(i: int, at: float, pages: int) -> Generator[Any, Any, None]:
+        yield rt.sleep(at)
+        yield tr.h2d(list(range(pages)), list(range(pages)))
+        landed[i] = rt.now()
+    for i, (at, pages) in enumerate(submits):
+        rt.spawn(one(i, at, pages))
+    rt.run()
+    return landed
+
+
+@pytest.mark.parametrize("cls", [ModeledTransfer, QueuedTransfer])
+def test_a_copy_submitted_mid_step_starts_when_the_step_ends_and_the_next_queues_behind_it(cls: type) -> None:
+    """The CUDA executor orders its copy streams after every step launched so far: a
+    restore submitted 1 ms into a 4 ms step runs from 4 ms, not from 1 ms, and the copy
+    queued after it waits for it; a copy submitted after the step starts at once."""
+    dt = 10e-6 + 5 * PAGE / (20 * GIB)
+    a, b, c = _ordered_landings(cls, 4e-3, [(1e-3, 5), (1.1e-3, 5), (10e-3, 5)])
+    assert a == pytest.approx(4e-3 + dt) and b == pytest.approx(4e-3 + 2 * dt)
+    assert c == pytest.approx(10e-3 + dt)
+
+
+def test_copies_after_step_in_a_world_follow_the_executors_step() -> None:
+    """``world.copies_after_step`` wires the world's copies to its executor's step in
+    flight; off (the default), a copy starts when it is submitted."""
+    from sim.world import WorldConfig, build_world
+    from sim_helpers import decode_plan
+    for ordered in (False, True):
+        w = build_world(WorldConfig(copies_after_step=ordered, num_blocks=64, host_tier_gib=0.1))
+        landed: dict[str, float] = {}
+
+        def go() -> Generator[Any, Any, None]:
+            step = w.executor.execute(decode_plan(4, 1000))
+            yield w.rt.sleep(1e-4)
+            yield w.transfer.h2d([0], [1])
+            landed["copy"] = w.rt.now()
+            yield step
+            landed["step"] = w.executor.busy_until
+        w.rt.spawn(go())
+        w.rt.run()
+        dma = w.transfer.h2d_link.spec.seconds(w.transfer.page_bytes)
+        want = (landed["step"] if ordered else 1e-4) + dma
+        assert landed["copy"] == pytest.approx(want), ordered
