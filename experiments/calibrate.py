@@ -79,8 +79,12 @@ def _gpu_and_date(cfg: CalibrateConfig) -> tuple[str, str]:
 
 def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     step_files = [p for p in cfg.steps.split(",") if p]
+    copy_files = [p for p in cfg.copies.split(",") if p] if cfg.copies else []
+    require(not copy_files or (len(step_files) == 1 and len(copy_files) == 1), "copies", cfg.copies,
+            "one file beside one steps file (copies are matched to steps by run, on one clock); "
+            "for several captures leave copies= out: validate writes each capture's copies into its steps files")
     records = read_jsonl(step_files)
-    copy_records = read_jsonl([p for p in cfg.copies.split(",") if p]) if cfg.copies else records
+    copy_records = read_jsonl(copy_files) if copy_files else records
     gpu, date = _gpu_and_date(cfg)
     timed = records if not cfg.copies else [*records, *copy_records]
     waits = {d: copy_wait(timed, d) for d in COPY_DIRECTIONS}

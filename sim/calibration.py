@@ -42,6 +42,11 @@ COPY_WAIT_MIN_SLOPE = 0.5      # extra step time per second of copy still in fli
 
 
 def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """The records of every file, in order. With several files each record's ``run`` is
+    qualified by its file: two captures of the same workload both have a run
+    ``served:fit`` on clocks that overlap, and the per-run analyses (host gaps, host hold,
+    copy order) must not interleave their steps."""
+    paths = list(paths)
     out: list[dict[str, Any]] = []
     for path in paths:
         try:
@@ -51,9 +56,12 @@ def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         for n, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    out.append(json.loads(line))
+                    rec = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ConfigError(f"{path}:{n}", line[:60], f"one JSON object per line ({err})") from None
+                if len(paths) > 1 and isinstance(rec, dict):
+                    rec["run"] = f"{path}#{rec.get('run')}"
+                out.append(rec)
     return out
 
 

@@ -180,7 +180,7 @@ def _steps(cfg: ValidateConfig, packs: Packs, out_dir: Path) -> dict[str, Any]:
         if cfg.quick:
             spec = GridSpec(prefill_chunks=(64, 512), prefill_prefixes=(0, 2048), multi_prefill=((4, 128),),
                             decode_batches=(1, 8, 32), decode_contexts=(512, 2048), unified=((256, 8, 1024),),
-                            repeats=2, block_size=cfg.block_size, seed=cfg.seed)
+                            cached_unified=((48, 512, 3, 1024),), repeats=2, block_size=cfg.block_size, seed=cfg.seed)
     summary, records = run_grid(packs.get(size), spec, prefill_graphs=cfg.prefill_graphs)
     summary["file"] = write_jsonl(out_dir / f"steps_grid_{size}.jsonl", records)
     summary["model"] = size

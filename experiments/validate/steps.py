@@ -32,6 +32,12 @@ class GridSpec:
     max_decode_tokens: int = 64 * 4096             # cap on batch x context (arena size)
     unified: tuple[tuple[int, int, int], ...] = ((256, 8, 1024), (512, 32, 1024), (1024, 64, 1024),
                                                  (128, 16, 4096), (1024, 8, 512))  # (chunk, rows, ctx)
+    # A short chunk behind a cached prefix beside a few decode rows: the step a served engine
+    # with prefix hits runs most, and the prefill-graph buckets (32..256 tokens x 2..16 seqs)
+    # the cold unified points above do not reach. (chunk, start, rows, ctx)
+    cached_unified: tuple[tuple[int, int, int, int], ...] = tuple(
+        (n, start, rows, ctx) for n in (16, 48, 112, 240) for rows in (1, 3, 7, 15)
+        for start, ctx in ((512, 1024), (2048, 2048)))
     repeats: int = 5
     block_size: int = 16
     seed: int = 0
@@ -40,7 +46,7 @@ class GridSpec:
     def tiny(cls) -> GridSpec:
         return cls(prefill_chunks=(4, 9), prefill_prefixes=(0, 5), multi_prefill=((2, 3),),
                    decode_batches=(1, 3), decode_contexts=(4, 13), max_decode_tokens=64,
-                   unified=((5, 2, 6),), repeats=2, block_size=4)
+                   unified=((5, 2, 6),), cached_unified=((3, 5, 1, 6),), repeats=2, block_size=4)
 
 
 class _Pages:
@@ -90,6 +96,9 @@ def plans(spec: GridSpec, vocab: int) -> list[tuple[str, StepPlan]]:
     for n, b, ctx in spec.unified:
         out.append((f"unified n={n} b={b} ctx={ctx}", lambda p, n=n, b=b, ctx=ctx: StepPlan(
             StepKind.UNIFIED, [prow(p, 0, n)], [drow(p, ctx) for _ in range(b)])))
+    for n, s, b, ctx in spec.cached_unified:
+        out.append((f"unified n={n} start={s} b={b} ctx={ctx}", lambda p, n=n, s=s, b=b, ctx=ctx: StepPlan(
+            StepKind.UNIFIED, [prow(p, s, n)], [drow(p, ctx) for _ in range(b)])))
     return out
 
 
@@ -100,13 +109,15 @@ def pages_needed(spec: GridSpec) -> int:
     need += [b * -(-(ctx + 1) // bs) for ctx in spec.decode_contexts for b in spec.decode_batches
              if b * ctx <= spec.max_decode_tokens]
     need += [-(-n // bs) + b * -(-(ctx + 1) // bs) for n, b, ctx in spec.unified]
+    need += [-(-(s + n) // bs) + b * -(-(ctx + 1) // bs) for n, s, b, ctx in spec.cached_unified]
     return 1 + max(need)
 
 
 def max_pages_per_seq(spec: GridSpec) -> int:
     bs = spec.block_size
     longest = max([s + n for n in spec.prefill_chunks for s in spec.prefill_prefixes]
-                  + [c + 1 for c in spec.decode_contexts] + [c + 1 for _, _, c in spec.unified])
+                  + [c + 1 for c in spec.decode_contexts] + [c + 1 for _, _, c in spec.unified]
+                  + [max(s + n, c + 1) for n, s, _, c in spec.cached_unified])
     return -(-longest // bs) + 1
 
 

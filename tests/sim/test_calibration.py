@@ -15,7 +15,7 @@ from experiments.calibrate import CalibrateConfig, calibrate
 from openinfer.errors import ConfigError
 from sim.arrivals import ArrivalSpec
 from sim.calibrated_step_model import CalibratedStepModel
-from sim.calibration import copy_order, features_of, fit_copies, fit_steps, host_gap_s, host_hold
+from sim.calibration import copy_order, features_of, fit_copies, fit_steps, host_gap_s, host_hold, read_jsonl
 from sim.lengths import LengthDist
 from sim.profile import FittedProfile, LinkFit
 from sim.step_features import padded_batch
@@ -196,6 +196,30 @@ def test_copy_order_is_read_from_when_mid_step_copies_are_seen(ordered: bool, tm
     from sim.world import WorldConfig
     world = again.world(WorldConfig(model="qwen3-0.6b", num_blocks=64, host_tier_gib=0.1))
     assert world.config.copies_after_step is ordered and (world.transfer.after_compute is not None) is ordered
+
+
+def test_captures_read_together_keep_their_runs_apart(tmp_path) -> None:
+    """Two captures of one workload both have a run ``served:x`` on clocks that overlap;
+    read together, each record's run names its file, so the per-run analyses do not
+    interleave one capture's steps with the other's."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in _restores_mid_step(True)))
+    shifted = [dict(r, **{k: r[k] + 2.6e-3 for k in ("t_start_s", "submitted_at") if k in r})
+               for r in _restores_mid_step(True)]
+    b.write_text("".join(json.dumps(r) + "\n" for r in shifted))
+    both = read_jsonl([a, b])
+    assert {r["run"] for r in both} == {f"{a}#served:x", f"{b}#served:x"}
+    got = copy_order(both, host_holds=False)
+    assert got.after_step and got.submitted_mid_step == 60 and got.seen_after_it == 60
+    assert read_jsonl([a])[0]["run"] == "served:x"          # one file: the names stay as written
+
+
+def test_separate_copies_need_one_steps_file(tmp_path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in step_records(60)))
+    with pytest.raises(ConfigError, match="copies"):
+        calibrate(CalibrateConfig(steps=f"{path},{path}", copies=str(path), model="qwen3-0.6b", gpu="g",
+                                  date="2026-12-04"))
 
 
 def _steps_before_prefill(held: bool, case: str) -> int:
