@@ -392,14 +392,20 @@ def table(workers: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_variant(text: str) -> tuple[str, str, str]:
-    """``LABEL:VAR=VALUE`` -> (label, var, value), or exit naming the form."""
-    label, sep, assign = text.partition(":")
-    var, eq, value = assign.partition("=")
-    if not (sep and eq and label and var) or label in ("before", "after", "sweep"):
-        sys.exit(f"--variant {text!r}: want LABEL:VAR=VALUE with a new label, "
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``LABEL:VAR=VALUE[,VAR=VALUE...]`` -> (label, {var: value}), or exit naming the form."""
+    label, sep, assigns = text.partition(":")
+    env: dict[str, str] = {}
+    for assign in assigns.split(","):
+        var, eq, value = assign.partition("=")
+        if not (eq and var):
+            env = {}
+            break
+        env[var] = value
+    if not (sep and label and env) or label in ("before", "after", "sweep"):
+        sys.exit(f"--variant {text!r}: want LABEL:VAR=VALUE[,VAR=VALUE...] with a new label, "
                  "e.g. l2_24:OPENINFER_L2_PREFETCH_MB=24")
-    return label, var, value
+    return label, env
 
 
 def main() -> None:
@@ -410,7 +416,7 @@ def main() -> None:
     ap.add_argument("--tests", action="store_true")
     ap.add_argument("--no-pdl", action="store_true",
                     help="also benchmark the working tree with OPENINFER_PDL=0")
-    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=VALUE",
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=VALUE[,...]",
                     help="also benchmark the working tree with environment VAR=VALUE "
                          "(repeatable), e.g. l2_24:OPENINFER_L2_PREFETCH_MB=24")
     ap.add_argument("--tests-timeout", type=float, default=150)
@@ -428,9 +434,9 @@ def main() -> None:
     rc["after"] = run_child(["--worker", "after", "--out", str(out)], here, 150)
     variants = [parse_variant(v) for v in a.variant]
     if a.no_pdl:
-        variants.insert(0, ("after_nopdl", "OPENINFER_PDL", "0"))
-    for label, var, value in variants:
-        rc[label] = run_child(["--worker", label, "--out", str(out)], here, 120, **{var: value})
+        variants.insert(0, ("after_nopdl", {"OPENINFER_PDL": "0"}))
+    for label, env in variants:
+        rc[label] = run_child(["--worker", label, "--out", str(out)], here, 120, **env)
     if a.base:
         base = str((ROOT / a.base).resolve())
         rc["before"] = run_child(["--worker", "before", "--out", str(out)], f"{base}:{here}", 120)
