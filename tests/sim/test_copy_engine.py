@@ -17,15 +17,21 @@ PAGE = 2_359_296
 GIB = 1024 ** 3
 
 
-def _landings(cls: type, engines: int, submits: list[tuple[float, int]]) -> list[float]:
+def _landings(cls: type, engines: int, submits: list[tuple[float, int]], direction: str = "d2h",
+              step_ends: float | None = None) -> list[float]:
+    """When each copy of ``submits`` ((time, pages)) lands; with ``step_ends``, every copy is
+    ordered after a step that ends then (``after_compute``)."""
     rt = SimRuntime(0)
     link = LinkSpec(bandwidth_gib_s=20.0, latency_s=10e-6, engines=engines)
     tr = cls(rt, PAGE, d2h=link, h2d=link)
+    if step_ends is not None:
+        tr.after_compute = lambda: step_ends
+    copy = getattr(tr, direction)
     landed: list[float] = [0.0] * len(submits)
 
     def one(i: int, at: float, pages: int) -> Generator[Any, Any, None]:
         yield rt.sleep(at)
-        yield tr.d2h(list(range(pages)), list(range(pages)))
+        yield copy(list(range(pages)), list(range(pages)))
         landed[i] = rt.now()
     for i, (at, pages) in enumerate(submits):
         rt.spawn(one(i, at, pages))
@@ -109,31 +115,13 @@ def test_on_a_held_host_a_copy_that_lands_mid_step_is_seen_when_the_step_ends() 
     assert tr.h2d_link.queue_delay() == 0.0   # the engine was free: the DMA ran during the step
 
 
-def _ordered_landings(cls: type, step_ends: float, submits: list[tuple[float, int]]) -> list[float]:
-    """Landings when every copy is ordered after a step that ends at ``step_ends``."""
-    rt = SimRuntime(0)
-    link = LinkSpec(bandwidth_gib_s=20.0, latency_s=10e-6)
-    tr = cls(rt, PAGE, d2h=link, h2d=link)
-    tr.after_compute = lambda: step_ends
-    landed: list[float] = [0.0] * len(submits)
-
-    def one(i: int, at: float, pages: int) -> Generator[Any, Any, None]:
-        yield rt.sleep(at)
-        yield tr.h2d(list(range(pages)), list(range(pages)))
-        landed[i] = rt.now()
-    for i, (at, pages) in enumerate(submits):
-        rt.spawn(one(i, at, pages))
-    rt.run()
-    return landed
-
-
 @pytest.mark.parametrize("cls", [ModeledTransfer, QueuedTransfer])
 def test_a_copy_submitted_mid_step_starts_when_the_step_ends_and_the_next_queues_behind_it(cls: type) -> None:
     """The CUDA executor orders its copy streams after every step launched so far: a
     restore submitted 1 ms into a 4 ms step runs from 4 ms, not from 1 ms, and the copy
     queued after it waits for it; a copy submitted after the step starts at once."""
     dt = 10e-6 + 5 * PAGE / (20 * GIB)
-    a, b, c = _ordered_landings(cls, 4e-3, [(1e-3, 5), (1.1e-3, 5), (10e-3, 5)])
+    a, b, c = _landings(cls, 1, [(1e-3, 5), (1.1e-3, 5), (10e-3, 5)], "h2d", step_ends=4e-3)
     assert a == pytest.approx(4e-3 + dt) and b == pytest.approx(4e-3 + 2 * dt)
     assert c == pytest.approx(10e-3 + dt)
 
