@@ -2,6 +2,7 @@
 
     python -m experiments.fidelity served=results/gpu/validate_h200_full.json [workload=heldout] \
         profile=conf/profiles/h200_qwen3-4b.yaml [report=results/fidelity_h200.json] [repeat=PATH]
+        [steps=PATH] [figure=PNG]
 
 ``served`` is what ``experiments.serve_real.run_served`` wrote on the GPU (its
 ``served.json``, or the validate report that embeds it per workload): the workload's
@@ -61,6 +62,7 @@ class FidelityConfig:
     max_sim_s: float = 3600.0
     repeat: str | None = None         # another capture of the same workload: the real run's own spread
     steps: str | None = None          # the held-out run's step records (JSONL): per-step comparison
+    figure: str | None = None         # a PNG of every request's simulated vs real TTFT and E2E
 
     def __post_init__(self) -> None:
         require(bool(self.served), "served", self.served, "the served.json of a run_served on the GPU")
@@ -362,6 +364,10 @@ def main(argv: list[str]) -> None:
     rep = fidelity(cfg)
     print_fidelity(rep)
     write_report(cfg.report, rep)
+    if cfg.figure:
+        from experiments.plots import fidelity as fidelity_figure
+        fidelity_figure(rep, Path(cfg.figure))
+        print(f"figure: {cfg.figure}")
 
 
 if __name__ == "__main__":

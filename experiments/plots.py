@@ -1,4 +1,5 @@
-"""The figures: latency CDFs per variant, load and host-tier curves of a sweep, timelines.
+"""The figures: latency CDFs per variant, load and host-tier curves of a sweep, timelines,
+and the simulator against the real executor request by request (``fidelity``).
 
 Built on ``matplotlib.figure.Figure`` (no pyplot, no global backend), so the same functions
 write PNGs from a headless job and draw inline in the notebook. The sweep figures take the
@@ -81,6 +82,32 @@ def timeline(report: Mapping[str, Any], path: Path | None = None, title: str = "
         for ax in axes.ravel():
             ax.axvline(v["time_s"], color="red", ls="--", lw=1)
     fig.suptitle(title + (f"  (stopped: {v['invariant']} at {v['time_s']:.2f}s)" if v else ""))
+    return _save(fig, path)
+
+
+PHASE_TITLES = {"cold": "cold", "gpu": "GPU-radix hits", "cpu": "CPU-tier restores"}
+
+
+def fidelity(report: Mapping[str, Any], path: Path | None = None) -> Figure:
+    """Per phase of an ``experiments.fidelity`` report: each request's simulated TTFT and
+    E2E latency against the real executor's (a dot on the diagonal is exact)."""
+    phases = [p for p in PHASE_TITLES if p in report["phases"]]
+    fig = Figure(figsize=(3.4 * len(phases), 6.4), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(2, len(phases), squeeze=False))
+    for col, ph in enumerate(phases):
+        reqs = report["phases"][ph]["requests"]
+        for row, (key, label) in enumerate((("ttft_ms", "TTFT (ms)"), ("e2el_ms", "E2E (ms)"))):
+            pairs = np.asarray([r[key] for r in reqs if None not in r[key]], dtype=float).reshape(-1, 2)
+            ax = axes[row, col]
+            ax.scatter(pairs[:, 0], pairs[:, 1], s=12, alpha=0.7, color=f"C{row}")
+            lo, hi = float(pairs.min()), float(pairs.max())
+            ax.plot([lo, hi], [lo, hi], color="grey", ls=":", lw=1)
+            err = report["phases"][ph]["error"]["ttft" if row == 0 else "e2el"]["mean"]
+            ax.set_title(f"{PHASE_TITLES[ph]}: {label.split()[0]} mean {err:+.1%}", fontsize=9)
+            ax.set_xlabel(f"real {label}")
+            ax.set_ylabel(f"simulated {label}")
+    fig.suptitle(f"{report.get('model', '')} on {report.get('gpu', '')}: simulator vs real, "
+                 f"held-out {report.get('workload', {}).get('kind', '')} run", fontsize=10)
     return _save(fig, path)
 
 

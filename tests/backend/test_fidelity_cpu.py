@@ -42,6 +42,11 @@ def test_calibrate_then_replay_a_held_out_workload(tiny_ckpt, tiny_model, tmp_pa
     assert all(abs(v) < 1e-9 for v in cold.values()), cold
     assert rep["phases"]["cpu"]["sim"]["hit_rate"]["cpu"] > 0  # the sim restores from its CPU tier too
     assert rep["sim_wall_s"] > 0
+    from experiments.plots import PHASE_TITLES, fidelity as fidelity_figure
+    fig = fidelity_figure(rep, tmp_path / "fidelity.png")   # one TTFT and one E2E panel per phase
+    assert len(fig.axes) == 6 and (tmp_path / "fidelity.png").stat().st_size > 10_000
+    assert all(len(ax.collections[0].get_offsets()) == p["real"]["completed"]
+               for ax, p in zip(fig.axes[:3], (rep["phases"][ph] for ph in PHASE_TITLES)))
 
 
 def test_a_validate_report_yields_the_same_served_run(tiny_ckpt, tiny_model, tmp_path) -> None:
