@@ -169,10 +169,11 @@ class BlockPool:
         page_hash, primary, inactive = self._hash, self._primary, self._inactive
         for page in pages:
             r = refs[page]
-            if r <= 0:
-                raise AccountingError(f"release: page {page} has no reference (double release)")
-            if page == padding and r == 1:
-                raise AccountingError("release: the padding page is referenced forever")
+            if r <= 1:  # the last reference (or none): the rare checks only here
+                if r <= 0:
+                    raise AccountingError(f"release: page {page} has no reference (double release)")
+                if page == padding:
+                    raise AccountingError("release: the padding page is referenced forever")
             refs[page] = r - 1
             if touched is not None:
                 touched.add(page)
@@ -206,11 +207,21 @@ class BlockPool:
         pages: list[int] = []
         primary = self._primary
         if within_headroom:
+            # headroom() read once and counted down: within this loop only taking an
+            # inactive page (refcount 0) changes it, by one (the floor does not move). Each
+            # page is taken before the next is looked at, so a repeated page sees its new
+            # refcount, as one ``acquire`` per page would (a probe matches tens of pages).
+            refs, acquire_all = self._refs, self.acquire_all
+            headroom = self.headroom()
             for h in hashes:
                 page = primary.get(h)
-                if page is None or (self._refs[page] == 0 and self.headroom() < 1):
+                if page is None:
                     break
-                self.acquire(page)
+                if refs[page] == 0:
+                    if headroom < 1:
+                        break
+                    headroom -= 1
+                acquire_all((page,))
                 pages.append(page)
         else:  # acquiring never changes the radix: find the prefix, then take it
             for h in hashes:
@@ -324,6 +335,9 @@ class PageRefs:
     @classmethod
     def guard(cls, pool: BlockPool, pages: Sequence[int]) -> PageRefs:
         """Take a new strong reference to each page (a KvBlockGuard per page); all or none."""
+        if len(pages) == 1:  # a decode step's save: all or none is the one acquire
+            pool.acquire_all(pages)
+            return cls(pool, list(pages))
         taken: list[int] = []
         try:
             for page in pages:
