@@ -166,7 +166,7 @@ class DecodeCohort:
             kv = a.kv
             kv.tokens.extend(toks)          # = (k - k0) apply_decode calls completing no block
             kv.kv_position += k - k0
-            a.sink.send_tokens(self.time_buf[k0:k].tolist(), toks)
+            a.sink.send_tokens(self.time_buf[k0:k].tobytes(), toks)
             self.gen0[slot] += k - k0
             a.generated = self.gen0[slot]
             a.last_token = toks[-1]
