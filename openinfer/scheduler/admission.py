@@ -44,9 +44,9 @@ def future_draws(active: Sequence[ActiveRequest], prefilling: Sequence[PendingRe
                  block_size: int) -> int:
     """Pages admitted requests will still draw (conservative by ≤1 page per request)."""
     total = 0
-    for a in active:
-        current = a.prompt_len + a.generated - 1
-        total += lifetime_blocks(a.prompt_len, a.req.max_tokens, block_size) - ceil_div(current, block_size)
+    for a in active:  # every admission pass walks every running request: prompt_len once each
+        n = a.prompt_len
+        total += lifetime_blocks(n, a.req.max_tokens, block_size) - ceil_div(n + a.generated - 1, block_size)
     for p in prefilling:
         total += (lifetime_blocks(p.prompt_len, p.req.max_tokens, block_size)
                   - ceil_div(p.prefill_pos, block_size) - credit(p, block_size))
