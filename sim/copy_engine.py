@@ -89,12 +89,16 @@ class ModeledTransfer:
         self.after_compute: Callable[[], float] | None = None   # see the module docstring
 
     def d2h(self, pages: list[int], slots: list[int]) -> Event:
-        after = self.after_compute
-        return self.d2h_link.copy(len(pages) * self.page_bytes, after() if after else 0.0)
+        return self.d2h_link.copy(len(pages) * self.page_bytes, self._not_before())
 
     def h2d(self, slots: list[int], pages: list[int]) -> Event:
+        return self.h2d_link.copy(len(pages) * self.page_bytes, self._not_before())
+
+    def _not_before(self) -> float:
+        """The earliest start of a D2H/H2D submitted now: the end of the step in flight
+        when copies are ordered after steps, else no bound."""
         after = self.after_compute
-        return self.h2d_link.copy(len(pages) * self.page_bytes, after() if after else 0.0)
+        return after() if after is not None else 0.0
 
     def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
         nbytes = len(src_slots) * self.page_bytes
