@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
@@ -137,14 +137,17 @@ def serve_phase(inst: Any, workload: Workload, tiers: RequestTiers, max_wall_s: 
                 requests=reqs, duration_s=round(duration, 6), timed_out=timed_out)
 
 
-def serve_phases(inst: Any, workload: Workload, phases: Sequence[str] = PHASES, max_wall_s: float = 300.0,
+def serve_phases(inst: Any, workload: Workload | Mapping[str, Workload], phases: Sequence[str] = PHASES,
+                 max_wall_s: float = 300.0,
                  on_phase: Callable[[str, str], None] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """Serve ``workload`` once per phase on one instance, in the order cold → gpu → cpu
     whatever order ``phases`` lists them in (each phase's caches are what the earlier ones
     left). Before "cpu" the saves are let land and the inactive GPU copies evicted, so its
     hits come from the CPU tier. ``inst`` is a RealInstance or a simulated ``World``
     (anything with ``rt``, ``engine``, ``store`` and ``pool``): the fidelity replay runs
-    exactly this. ``on_phase(phase, "start" | "end")`` is called around each phase's serving.
+    exactly this. ``workload`` may be one per phase (a mapping from phase to workload: the
+    fidelity replay pins each phase's turns to that phase's recorded send times).
+    ``on_phase(phase, "start" | "end")`` is called around each phase's serving.
     Returns (per-phase results, GPU blocks evicted before each phase)."""
     for ph in phases:
         require(ph in PHASES, "phases", ph, f"each one of {PHASES}")
@@ -157,7 +160,8 @@ def serve_phases(inst: Any, workload: Workload, phases: Sequence[str] = PHASES, 
             evicted[ph] = inst.pool.evict_inactive()
         if on_phase is not None:
             on_phase(ph, "start")
-        served[ph] = serve_phase(inst, workload, tiers, max_wall_s)
+        served[ph] = serve_phase(inst, workload[ph] if isinstance(workload, Mapping) else workload,
+                                 tiers, max_wall_s)
         if on_phase is not None:
             on_phase(ph, "end")
     return served, evicted

@@ -33,7 +33,7 @@ shape: 0.5 s for a 14 ms step) are left out of that fit and counted.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -95,6 +95,12 @@ class CalibratedStepModel:
 
     def step_time(self, plan: StepPlan) -> float:
         return self.features_time(step_features(plan, self.pad_unified, self.prefill_graphs))
+
+    def scaled(self, factor: float) -> CalibratedStepModel:
+        """Every step ``factor`` times as long (all fitted terms scaled, so the shape is
+        kept): how sensitive a simulated result is to a small error in the step model."""
+        require(factor > 0, "step_scale", factor, "a number > 0")
+        return replace(self, **{k: getattr(self, k) * factor for k in TERMS})
 
     def coefficients(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in TERMS}

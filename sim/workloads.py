@@ -17,7 +17,7 @@ run replays from its seed and content never depends on event order.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -147,25 +147,36 @@ class ChatWorkload:
         require(self.max_requests is None or (isinstance(self.max_requests, int) and self.max_requests >= 1),
                 "workload.max_requests", self.max_requests, "null or an int >= 1")
 
-    def run(self, rt: Runtime, client: Client) -> Generator[Event, Any, None]:
+    def run(self, rt: Runtime, client: Client, send_at: Mapping[tuple[int, int], float] | None = None
+            ) -> Generator[Event, Any, None]:
+        """``send_at``: (session, turn) -> seconds after the run began at which that turn is
+        sent (or when the session's previous turn ends, if that is later), in place of the
+        arrival gaps and think times (:class:`PinnedChat`). The gaps and think times are
+        drawn all the same, so every prompt and length is the one the unpinned run draws."""
+        start = rt.now()
         system = tokens_for(f"{rt.seed}/chat/system", self.system_prompt_len)
         budget = [self.max_requests if self.max_requests is not None else -1]
         arr_rng = rt.rng("workload/arrival")
         sessions = []
         for s in range(self.num_sessions):
-            if s:
-                gap = self.arrival.gap(arr_rng)
+            gap = self.arrival.gap(arr_rng) if s else 0.0
+            if send_at is None:
                 if gap > 0:
                     yield rt.sleep(gap)
+            elif (s, 0) not in send_at:
+                continue  # the recorded run never started it
+            elif (wait := start + send_at[(s, 0)] - rt.now()) > 0:
+                yield rt.sleep(wait)
             if budget[0] == 0:
                 break
-            sessions.append(rt.spawn(self._session(rt, client, s, system, budget)))
+            sessions.append(rt.spawn(self._session(rt, client, s, system, budget, start, send_at)))
         if sessions:
             yield rt.all_of(sessions)
         client.close()
 
-    def _session(self, rt: Runtime, client: Client, s: int, system: list[int],
-                 budget: list[int]) -> Generator[Event, Any, None]:
+    def _session(self, rt: Runtime, client: Client, s: int, system: list[int], budget: list[int],
+                 start: float, send_at: Mapping[tuple[int, int], float] | None
+                 ) -> Generator[Event, Any, None]:
         rng = rt.rng(f"workload/chat/{s}")
         turns = max(1, self.turns.sample(rng))
         history = system
@@ -177,6 +188,12 @@ class ChatWorkload:
             prompt = history + user
             if len(prompt) + out_len > self.max_context_tokens:
                 return
+            if send_at is not None and k:
+                if (s, k) not in send_at:
+                    return  # the recorded run never sent it
+                wait = start + send_at[(s, k)] - rt.now()
+                if wait > 0:
+                    yield rt.sleep(wait)
             if budget[0] > 0:
                 budget[0] -= 1
             ticket = client.send(RequestSpec(prompt, out_len, session=s, turn=k), keep_tokens=True)
@@ -185,13 +202,39 @@ class ChatWorkload:
                 return
             history = prompt + outcome.tokens
             if k + 1 < turns and self.think_time_s > 0:
-                yield rt.sleep(rng.expovariate(1.0 / self.think_time_s))
+                think = rng.expovariate(1.0 / self.think_time_s)
+                if send_at is None:
+                    yield rt.sleep(think)
 
     def mean_turns(self) -> float:
         return max(1.0, self.turns.expected)
 
     def describe(self) -> dict[str, Any]:
         return dict(kind="chat", **asdict(self))
+
+
+@dataclass(frozen=True)
+class PinnedChat:
+    """A chat workload replayed on a recorded run's clock: each turn is sent when the
+    recorded run sent it (``send_at``: (session, turn) -> seconds after its start), or when
+    the session's previous turn ends here if that is later (its prompt needs the answer).
+
+    The closed loop otherwise lets a small latency error move every later arrival: a
+    session whose answer comes 3% late sends its next turn into a burst it missed in the
+    recorded run. Pinned, a simulated request meets the load the recorded one met, which
+    tells a per-request latency error from that drift (``experiments.fidelity arrivals=real``)."""
+
+    chat: ChatWorkload
+    send_at: Mapping[tuple[int, int], float]
+
+    def run(self, rt: Runtime, client: Client) -> Generator[Event, Any, None]:
+        return self.chat.run(rt, client, send_at=self.send_at)
+
+    def mean_turns(self) -> float:
+        return self.chat.mean_turns()
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.chat.describe(), pinned_turns=len(self.send_at))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ and where timing cannot matter (the cold phase) the hit rates agree exactly."""
 
 from __future__ import annotations
 
+import pytest
+
 from experiments.calibrate import CalibrateConfig, calibrate
 from experiments.fidelity import FidelityConfig, fidelity
 from experiments.serve_real import run_served
@@ -42,11 +44,33 @@ def test_calibrate_then_replay_a_held_out_workload(tiny_ckpt, tiny_model, tmp_pa
     assert all(abs(v) < 1e-9 for v in cold.values()), cold
     assert rep["phases"]["cpu"]["sim"]["hit_rate"]["cpu"] > 0  # the sim restores from its CPU tier too
     assert rep["sim_wall_s"] > 0
+    pinned = fidelity(FidelityConfig(served=str(tmp_path / "held" / "served.json"), profile=str(path),
+                                     model_config=str(tiny_ckpt / "config.json"), arrivals="real", sensitivity=0.02))
+    assert pinned["arrivals"] == "real"
+    for ph, p in pinned["phases"].items():
+        for q in p["requests"]:   # a session starts when the real one did; no turn goes earlier
+            real_ms, sim_ms = q["arrival_ms"]
+            assert sim_ms == pytest.approx(real_ms, abs=1e-3) if q["turn"] == 0 else sim_ms >= real_ms - 1e-3
+        by = pinned["sensitivity"]["phases"][ph]
+        assert set(by) == {"x0.980", "x1.020"}
+        assert by["x1.020"]["error"]["ttft"]["mean"] > by["x0.980"]["error"]["ttft"]["mean"]  # longer steps
     from experiments.plots import PHASE_TITLES, fidelity as fidelity_figure
     fig = fidelity_figure(rep, tmp_path / "fidelity.png")   # one TTFT and one E2E panel per phase
     assert len(fig.axes) == 6 and (tmp_path / "fidelity.png").stat().st_size > 10_000
     assert all(len(ax.collections[0].get_offsets()) == p["real"]["completed"]
                for ax, p in zip(fig.axes[:3], (rep["phases"][ph] for ph in PHASE_TITLES)))
+
+
+def test_fidelity_options_are_checked_before_anything_runs() -> None:
+    from experiments.fidelity import pinned_workloads
+    from openinfer.errors import ConfigError
+    from sim.workloads import RandomWorkload
+    with pytest.raises(ConfigError, match="arrivals"):
+        FidelityConfig(served="s.json", profile="p.yaml", arrivals="replay")
+    with pytest.raises(ConfigError, match="sensitivity"):
+        FidelityConfig(served="s.json", profile="p.yaml", sensitivity=0.5)
+    with pytest.raises(ConfigError, match="arrivals.*chat workload"):
+        pinned_workloads(dict(workload=RandomWorkload().describe(), phases={}))
 
 
 def test_a_validate_report_yields_the_same_served_run(tiny_ckpt, tiny_model, tmp_path) -> None:

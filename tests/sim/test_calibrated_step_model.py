@@ -163,3 +163,20 @@ def test_step_features_mark_the_prompt_steps_a_prefill_graph_holds() -> None:
     assert step_features(prefill_plan(600), prefill_graphs=True).prompt_graph == 0   # > 512 tokens
     assert step_features(unified_plan(64, 20, 1000), prefill_graphs=True).prompt_graph == 0
     assert step_features(decode_plan(4, 1000), prefill_graphs=True).prompt_graph == 0
+
+
+def test_a_scaled_model_makes_every_step_that_much_longer_and_keeps_the_host_work() -> None:
+    """``fidelity sensitivity=`` reruns on a scaled model: each step, whatever its kind, is
+    ``factor`` times the fitted one, and the host's per-row work (added by the profile after
+    the fit) is not the GPU's and stays."""
+    model = CalibratedStepModel(**{**TRUE.to_dict(), "graph_prompt_step": 1.1e-3, "graph_tokens": 6e-6,
+                                   "graph_context_tokens": 2e-7, "prefill_graphs": True})
+    for f in [f for f, _ in _samples(0.0, 60)] + [StepFeatures(prefill_tokens=48, prefill_attn_pairs=900,
+                                                               prefill_context_tokens=900, prompt_graph=1,
+                                                               graph_tokens=64, decode_rows=3, decode_rows_padded=4)]:
+        assert model.scaled(1.01).features_time(f) == pytest.approx(1.01 * model.features_time(f), rel=1e-12)
+    hosted = CalibratedStepModel(intercept=3e-3, host_per_row=5e-6)
+    one_row = StepFeatures(decode_rows=1, decode_rows_padded=1)
+    assert hosted.scaled(2.0).features_time(one_row) == pytest.approx(2 * 3e-3 + 5e-6)
+    with pytest.raises(ConfigError, match="step_scale"):
+        model.scaled(0.0)

@@ -18,7 +18,7 @@ from sim.client import AbortSpec, Client
 from sim.lengths import LengthDist
 from sim.tokens import BlockTokens, tokens_for
 from sim.traces import load_trace, parse_lines, synthetic_mooncake_lines
-from sim.workloads import ChatWorkload, RandomWorkload, SyntheticWorkload, TraceWorkload
+from sim.workloads import ChatWorkload, PinnedChat, RandomWorkload, SyntheticWorkload, TraceWorkload
 
 
 def _gaps(spec: ArrivalSpec, n: int = 20_000) -> list[float]:
@@ -112,6 +112,62 @@ def test_chat_turns_extend_the_previous_prompt_and_answer() -> None:
             assert nxt.prompt[len(prev.prompt):len(prev.prompt) + 3] == answer
             assert len(nxt.prompt) == len(prev.prompt) + 3 + 10
     assert rt.now() > 2.0  # think time between turns
+
+
+def _slow_server(rt: SimRuntime, delay_s: float) -> tuple[Any, list[tuple[float, Any]]]:
+    """A submit callable that answers three tokens ``delay_s`` after each request."""
+    from openinfer.scheduler.request import EventKind, FinishReason, RequestEvent
+    sent: list[tuple[float, Any]] = []
+
+    def submit(req: Any, on_event: object = None) -> RequestHandle:
+        rid = len(sent) + 1
+        sent.append((rt.now(), req))
+        sink = TokenSink(rid, rt)
+
+        def answer() -> Any:
+            yield rt.sleep(delay_s)
+            now = rt.now()
+            sink.send(RequestEvent(EventKind.SCHEDULED, rid, now))
+            for i in range(min(3, req.max_tokens)):
+                sink.send(RequestEvent(EventKind.TOKEN, rid, now, token=7 + i))
+            sink.send(RequestEvent(EventKind.FINISHED, rid, now, reason=FinishReason.LENGTH))
+        rt.spawn(answer())
+        return RequestHandle(rid, sink, req, submitted_at=rt.now())
+    return submit, sent
+
+
+def _chat_run(workload: Any, delay_s: float) -> tuple[list[tuple[float, Any]], Client]:
+    rt = SimRuntime(0)
+    submit, sent = _slow_server(rt, delay_s)
+    client = Client(rt, submit)
+    rt.spawn(workload.run(rt, client))
+    rt.run(until=client.all_done)
+    return sent, client
+
+
+def test_pinned_chat_sends_each_turn_at_its_recorded_time_or_when_its_answer_came() -> None:
+    chat = ChatWorkload(num_sessions=4, turns=LengthDist.fixed(3), system_prompt_len=16,
+                        user_len=LengthDist.uniform(4, 12), output_len=LengthDist.uniform(2, 6), think_time_s=0.5,
+                        arrival=ArrivalSpec(rate=4.0))
+    free_sent, free = _chat_run(chat, delay_s=0.1)
+    recorded = {(r.session, r.turn): r.submitted_at for r in free.records}
+    # on its own clock the pinned run sends exactly what the closed loop sent, when it sent it
+    pinned_sent, _ = _chat_run(PinnedChat(chat, recorded), delay_s=0.1)
+    assert [(t, r.prompt, r.max_tokens) for t, r in pinned_sent] == \
+        [(pytest.approx(t), r.prompt, r.max_tokens) for t, r in free_sent]
+    # answers 0.4 s slower: a turn goes at its recorded time unless its answer came later
+    slow_sent, slow = _chat_run(PinnedChat(chat, recorded), delay_s=0.5)
+    ends = {(r.session, r.turn): r.submitted_at + 0.5 for r in slow.records}
+    for r in slow.records:
+        due = recorded[(r.session, r.turn)]
+        want = due if r.turn == 0 else max(due, ends[(r.session, r.turn - 1)])
+        assert r.submitted_at == pytest.approx(want)
+    assert sorted(r.prompt for _, r in slow_sent) == sorted(r.prompt for _, r in free_sent)  # same text
+    # what the recorded run never sent is not sent: session 3, and session 1's last turn
+    partial = {k: v for k, v in recorded.items() if k[0] != 3 and k != (1, 2)}
+    _, cut = _chat_run(PinnedChat(chat, partial), delay_s=0.1)
+    assert {(r.session, r.turn) for r in cut.records} == set(partial)
+    assert PinnedChat(chat, partial).describe() == dict(chat.describe(), pinned_turns=len(partial))
 
 
 def test_chat_max_requests_caps_the_run() -> None:
