@@ -12,6 +12,7 @@ arithmetic on those records, so it is tested on the CPU with synthetic timings.
 
 from __future__ import annotations
 
+import gzip
 import json
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,7 +43,8 @@ COPY_WAIT_MIN_SLOPE = 0.5      # extra step time per second of copy still in fli
 
 
 def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """The records of every file, in order. With several files each record's ``run`` is
+    """The records of every file, in order (a ``.gz`` file is read through gzip: a long
+    capture's step records are committed compressed). With several files each record's ``run`` is
     qualified by its file: two captures of the same workload both have a run
     ``served:fit`` on clocks that overlap, and the per-run analyses (host gaps, host hold,
     copy order) must not interleave their steps."""
@@ -50,8 +52,9 @@ def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for path in paths:
         try:
-            lines = Path(path).read_text().splitlines()
-        except OSError as err:
+            raw = Path(path).read_bytes()
+            lines = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode().splitlines()
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as err:
             raise ConfigError("steps", str(path), f"a readable JSONL file of timing records ({err})") from None
         for n, line in enumerate(lines, 1):
             if line.strip():

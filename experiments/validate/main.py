@@ -3,6 +3,7 @@
     python -m experiments.validate report=$OUT/validate.json out_dir=$OUT \
         [sections=golden,offload,served,bench,steps] [golden_sizes=0.6b,4b] [bench_size=4b]
         [served_size=4b] [quick=false] [device=cuda] [prefill_graphs=true|false]
+        [served_workloads=fit,heldout] [heldout_sessions=N]
 
 One JSON report (written again after every section, so a run cut short still leaves what
 it measured): the environment (GPU, driver, torch/triton/transformers versions, date), then
@@ -30,6 +31,7 @@ from experiments.validate.common import free_cuda, guarded, is_cuda, log
 from openinfer.errors import require
 
 SECTIONS = ("golden", "offload", "served", "bench", "steps")
+SERVED_WORKLOADS = ("fit", "heldout")
 
 
 @dataclass
@@ -52,11 +54,21 @@ class ValidateConfig:
     keep_checkpoints: bool = False
     served_timeout_s: float = 240.0
     prefill_graphs: bool | None = None      # prompt steps as CUDA graphs (served, steps); None: on CUDA
+    served_workloads: str = ",".join(SERVED_WORKLOADS)  # which of the served section's workloads run
+    heldout_sessions: int | None = None     # sessions of the held-out chat (None: 16; quick 4, CPU 2)
 
     def __post_init__(self) -> None:
         require(bool(self.report), "report", self.report, "a path for the JSON report")
         unknown = [s for s in self.section_list() if s not in SECTIONS]
         require(not unknown, "sections", self.sections, f"a comma list of {', '.join(SECTIONS)}")
+        chosen = self.served_workload_list()
+        require(bool(chosen) and all(w in SERVED_WORKLOADS for w in chosen), "served_workloads",
+                self.served_workloads, f"a comma list of {', '.join(SERVED_WORKLOADS)}")
+        require(self.heldout_sessions is None or (isinstance(self.heldout_sessions, int) and self.heldout_sessions >= 1),
+                "heldout_sessions", self.heldout_sessions, "null or an int >= 1 (a longer held-out run, same rate)")
+
+    def served_workload_list(self) -> list[str]:
+        return [w for w in self.served_workloads.split(",") if w]
 
     def section_list(self) -> list[str]:
         return [s for s in self.sections.split(",") if s]

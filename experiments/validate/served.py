@@ -65,7 +65,10 @@ def served_section(cfg: Any, packs: Any, out_dir: Path) -> dict[str, Any]:
     if cfg.prefill_graphs is not None:
         inst_cfg["prefill_graphs"] = cfg.prefill_graphs
     out: dict[str, Any] = dict(model=size, instance_cfg=inst_cfg, workloads={})
-    for name, wl in workloads(cfg.quick, cpu).items():
+    chosen = workloads(cfg.quick, cpu)
+    if cfg.heldout_sessions is not None:  # a longer held-out run: more sessions, same rate and shape
+        chosen["heldout"]["num_sessions"] = cfg.heldout_sessions
+    for name, wl in ((n, chosen[n]) for n in cfg.served_workload_list()):
         log(f"served {name}: {wl}")
         model = Qwen3Model(pack.cfg, pack.weights, "reference" if cpu else "triton")
         with tempfile.TemporaryDirectory(prefix=f"served-{name}-") as tmp:

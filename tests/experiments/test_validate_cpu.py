@@ -141,3 +141,19 @@ def test_checkpoints_come_from_the_one_checked_generator(report, tmp_path):
     assert report[0]["checkpoints"]["tiny"]["generator"] == "write_random_checkpoint on cpu"
     with pytest.raises(ConfigError, match="dtype"):
         write_random_checkpoint(preset("tiny"), tmp_path, dtype="int8", device="cpu")
+
+
+def test_a_longer_held_out_run_alone(tmp_path):
+    """``served_workloads=heldout heldout_sessions=N``: a capture of only the held-out chat,
+    N sessions long at the same rate and shape (a better-powered fidelity run needs no new
+    fit workload)."""
+    cfg = parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", "device=cpu", "dtype=float32",
+                                           "sections=served", "served_size=tiny", "served_workloads=heldout",
+                                           "heldout_sessions=3", f"scratch={tmp_path}/ckpt"])
+    wl = run(cfg)["served"]["workloads"]
+    assert list(wl) == ["heldout"] and wl["heldout"]["ok"]
+    assert wl["heldout"]["workload"]["num_sessions"] == 3
+    assert wl["heldout"]["requests"] == 3 * 2 * 3          # sessions x turns x phases
+    for bad, field in (("served_workloads=fit,chat", "served_workloads"), ("heldout_sessions=0", "heldout_sessions")):
+        with pytest.raises(ConfigError, match=field):
+            parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", bad])

@@ -214,6 +214,18 @@ def test_captures_read_together_keep_their_runs_apart(tmp_path) -> None:
     assert read_jsonl([a])[0]["run"] == "served:x"          # one file: the names stay as written
 
 
+def test_a_compressed_capture_reads_as_its_plain_file(tmp_path) -> None:
+    import gzip
+    plain, packed = tmp_path / "s.jsonl", tmp_path / "s.jsonl.gz"
+    text = "".join(json.dumps(r) + "\n" for r in _restores_mid_step(True))
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert read_jsonl([packed]) == read_jsonl([plain])
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    with pytest.raises(ConfigError, match="bad.gz"):
+        read_jsonl([tmp_path / "bad.gz"])
+
+
 def test_separate_copies_need_one_steps_file(tmp_path) -> None:
     path = tmp_path / "s.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in step_records(60)))
