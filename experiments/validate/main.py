@@ -3,7 +3,7 @@
     python -m experiments.validate report=$OUT/validate.json out_dir=$OUT \
         [sections=golden,offload,served,bench,steps] [golden_sizes=0.6b,4b] [bench_size=4b]
         [served_size=4b] [quick=false] [device=cuda] [prefill_graphs=true|false]
-        [served_workloads=fit,heldout] [heldout_sessions=N]
+        [served_workloads=fit,heldout] [heldout_sessions=N] [served_host_tier_gib=G]
 
 One JSON report (written again after every section, so a run cut short still leaves what
 it measured): the environment (GPU, driver, torch/triton/transformers versions, date), then
@@ -56,6 +56,7 @@ class ValidateConfig:
     prefill_graphs: bool | None = None      # prompt steps as CUDA graphs (served, steps); None: on CUDA
     served_workloads: str = ",".join(SERVED_WORKLOADS)  # which of the served section's workloads run
     heldout_sessions: int | None = None     # sessions of the held-out chat (None: 16; quick 4, CPU 2)
+    served_host_tier_gib: float | None = None  # the served instance's CPU tier (None: 12 GiB on a GPU)
 
     def __post_init__(self) -> None:
         require(bool(self.report), "report", self.report, "a path for the JSON report")
@@ -66,6 +67,10 @@ class ValidateConfig:
                 self.served_workloads, f"a comma list of {', '.join(SERVED_WORKLOADS)}")
         require(self.heldout_sessions is None or (isinstance(self.heldout_sessions, int) and self.heldout_sessions >= 1),
                 "heldout_sessions", self.heldout_sessions, "null or an int >= 1 (a longer held-out run, same rate)")
+        require(self.served_host_tier_gib is None or (isinstance(self.served_host_tier_gib, (int, float))
+                                                      and self.served_host_tier_gib > 0),
+                "served_host_tier_gib", self.served_host_tier_gib,
+                "null or a size in GiB > 0 (a longer held-out run saves more pages than 12 GiB hold)")
 
     def served_workload_list(self) -> list[str]:
         return [w for w in self.served_workloads.split(",") if w]

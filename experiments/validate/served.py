@@ -24,6 +24,7 @@ from typing import Any
 
 from experiments.validate.common import free_cuda, is_cuda, log
 from experiments.validate.records import copy_record, step_record, write_jsonl
+from openinfer.errors import require
 from sim.calibration import read_jsonl
 
 
@@ -64,6 +65,10 @@ def served_section(cfg: Any, packs: Any, out_dir: Path) -> dict[str, Any]:
     inst_cfg = instance_cfg(cpu, cfg.block_size)
     if cfg.prefill_graphs is not None:
         inst_cfg["prefill_graphs"] = cfg.prefill_graphs
+    if cfg.served_host_tier_gib is not None:
+        require(not cpu, "served_host_tier_gib", cfg.served_host_tier_gib,
+                "null on the CPU (its tiny instance sizes its tier in slots)")
+        inst_cfg["host_tier_gib"] = float(cfg.served_host_tier_gib)
     out: dict[str, Any] = dict(model=size, instance_cfg=inst_cfg, workloads={})
     chosen = workloads(cfg.quick, cpu)
     if cfg.heldout_sessions is not None:  # a longer held-out run: more sessions, same rate and shape
