@@ -51,6 +51,7 @@ class CalibrateConfig:
     copy_target: str = "gpu_s"
     balance_kinds: bool = True
     mean_fit: bool = True                   # fit mean step durations (false: the ratio, the old fit)
+    decode_buckets: bool = True             # a cost per measured decode batch (false: one slope over rows)
     name: str | None = None
     out: str | None = None
 
@@ -89,7 +90,8 @@ def calibrate(cfg: CalibrateConfig) -> FittedProfile:
     timed = records if not cfg.copies else [*records, *copy_records]
     waits = {d: copy_wait(timed, d) for d in COPY_DIRECTIONS}
     wait_for = tuple(d for d, w in waits.items() if w.waits)
-    step_model, step_quality = fit_steps(timed, cfg.target, cfg.balance_kinds, cfg.mean_fit, wait_for=wait_for)
+    step_model, step_quality = fit_steps(timed, cfg.target, cfg.balance_kinds, cfg.mean_fit, wait_for=wait_for,
+                                         decode_buckets=cfg.decode_buckets)
     median_gap, gaps = host_gap_s(records, cfg.target)
     gap_fit = fit_host_gaps(timed, cfg.target)
     links = fit_copies(copy_records, cfg.copy_target)
@@ -125,6 +127,9 @@ def print_profile(p: FittedProfile, path: Path) -> None:
             + f"  ({q.get('outliers', 0)} steps over {OUTLIER_RATIO:g}x their prediction left out: JIT compiles)")
     coef = p.step_model.coefficients()
     print("  step    " + "  ".join(f"{k}={v:.3g}" for k, v in coef.items()))
+    if p.step_model.decode_buckets:
+        print("  decode batch costs (ms, besides the intercept and context): " + "  ".join(
+            f"{b}:{c * 1e3:.3f}" for b, c in p.step_model.decode_buckets.items()))
     g = p.host_gap
     gf = p.quality.get("host_gap_fit") or {}
     print(f"  host gap between back-to-back steps {p.host_overhead_s * 1e3:.3f} ms"

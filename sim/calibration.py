@@ -417,7 +417,8 @@ def fit_copies(records: Sequence[Mapping[str, Any]], target: str = "gpu_s") -> C
 
 
 def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", balance_kinds: bool = True,
-              mean: bool = True, wait_for: Sequence[str] = ()) -> tuple[CalibratedStepModel, dict[str, Any]]:
+              mean: bool = True, wait_for: Sequence[str] = (), decode_buckets: bool = True
+              ) -> tuple[CalibratedStepModel, dict[str, Any]]:
     """The step model, with each step kind weighing the same in total when
     ``balance_kinds``: a served run is mostly decode steps, and unweighted they would
     decide the eager intercept and the prefill slope that TTFT depends on. ``mean``: fit
@@ -425,9 +426,17 @@ def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", bala
     ``sim.calibrated_step_model``). The quality says per kind the median signed error and
     how far the predicted total of that kind's steps is from the measured one.
     ``wait_for``: copy directions a step waits for (:func:`copy_wait`); that wait is the
-    simulator's to add, so it is taken off the measured seconds."""
+    simulator's to add, so it is taken off the measured seconds. ``decode_buckets``: each
+    padded decode batch measured often enough in a served run gets its own cost
+    (``sim.calibrated_step_model.bucket_table``). Only served steps set those costs when
+    there are any: the step grid runs each step alone, and on the H200 its decode steps
+    took 10-20% less than the same batch served (copies, the host's polling and other work
+    beside it), which the simulator of a served instance must charge. The grid's steps
+    still inform the line (its batches and contexts reach where served runs do not)."""
     waits = step_waits(records, wait_for)
-    samples = step_samples(records, target, waits)
+    steps = [r for r in records if not is_copy(r) and not r.get("error")]
+    served = [str(r.get("source", "")).startswith("served") for r in steps]
+    samples = step_samples(steps, target, waits)
     weights = None
     if balance_kinds:
         counts: dict[str, int] = {}
@@ -435,7 +444,9 @@ def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", bala
             counts[kind] = counts.get(kind, 0) + 1
         weights = [1.0 / counts[kind] for _, _, kind in samples]
     model, q = CalibratedStepModel.fit_with_quality([(f, t) for f, t, _ in samples], sample_weights=weights,
-                                                    mean=mean, outlier_ratio=OUTLIER_RATIO)
+                                                    mean=mean, outlier_ratio=OUTLIER_RATIO,
+                                                    decode_buckets=decode_buckets,
+                                                    bucket_samples=served if any(served) else None)
     per_kind: dict[str, float] = {}
     per_kind_sum: dict[str, float] = {}
     for kind in sorted({k for _, _, k in samples}):
@@ -447,4 +458,5 @@ def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", bala
     return model, dict(samples=q.samples, rmse_s=q.rmse_s, r2=q.r2, median_rel_error=q.median_rel_error,
                        median_signed_rel_error_by_kind=per_kind, total_rel_error_by_kind=per_kind_sum,
                        outliers=q.outliers, balance_kinds=balance_kinds, fit="mean" if mean else "ratio",
-                       copy_waits_removed=len(waits), copy_wait_removed_s=float(sum(waits.values())))
+                       copy_waits_removed=len(waits), copy_wait_removed_s=float(sum(waits.values())),
+                       decode_buckets=len(model.decode_buckets))

@@ -180,3 +180,56 @@ def test_a_scaled_model_makes_every_step_that_much_longer_and_keeps_the_host_wor
     assert hosted.scaled(2.0).features_time(one_row) == pytest.approx(2 * 3e-3 + 5e-6)
     with pytest.raises(ConfigError, match="step_scale"):
         model.scaled(0.0)
+
+
+BUCKET_COST = {1: 20e-6, 2: 60e-6, 4: 90e-6, 8: 400e-6, 16: 1.3e-3}   # not a line in the rows
+
+
+def _bucketed_samples(n: int = 600) -> list[tuple[StepFeatures, float]]:
+    """Prompt steps on TRUE's line, pure decode steps paying BUCKET_COST per padded batch."""
+    truth = CalibratedStepModel(**{**TRUE.to_dict(), "decode_buckets": BUCKET_COST})
+    rng = random.Random(11)
+    feats = [f for f, _ in _samples(0.0, n) if f.prefill_tokens]
+    for _ in range(n):
+        rows = rng.randint(1, 16)
+        feats.append(StepFeatures(decode_rows=rows, decode_rows_padded=padded_batch(rows),
+                                  decode_context_tokens=rows * rng.randint(16, 4096)))
+    return [(f, truth.features_time(f)) for f in feats]
+
+
+def test_each_measured_decode_batch_gets_its_own_cost() -> None:
+    """A CUDA graph per decode bucket: the fitted table gives every bucket measured often
+    enough the cost it was measured at, where one slope over the padded rows cannot."""
+    samples = _bucketed_samples()
+    line = CalibratedStepModel.fit(samples, mean=True)
+    table = CalibratedStepModel.fit_with_quality(samples, mean=True, decode_buckets=True)[0]
+    decode = [(f, t) for f, t in samples if not f.prefill_tokens]
+    assert {f.decode_rows_padded for f, _ in decode} == set(BUCKET_COST)
+
+    def worst(model: CalibratedStepModel) -> float:
+        return max(abs(model.features_time(f) / t - 1) for f, t in decode)
+    assert worst(table) < 0.02 < worst(line)
+    counts = {b: sum(1 for f, _ in decode if f.decode_rows_padded == b) for b in BUCKET_COST}
+    few = CalibratedStepModel.fit_with_quality(samples, mean=True, decode_buckets=True,
+                                               min_bucket_samples=min(counts.values()) + 1)[0]
+    assert set(few.decode_buckets) == {b for b, c in counts.items() if c > min(counts.values())}
+    only_big = CalibratedStepModel.fit_with_quality(
+        samples, mean=True, decode_buckets=True,
+        bucket_samples=[f.decode_rows_padded >= 8 for f, _ in samples])[0]
+    assert set(only_big.decode_buckets) == {8, 16}            # the samples allowed to set a cost
+
+
+def test_a_batch_between_or_beyond_the_fitted_ones_follows_their_line() -> None:
+    m = CalibratedStepModel(intercept=1e-3, decode_rows_padded=1e-4, decode_buckets={"4": 2e-4, 8: 6e-4})
+    assert m.decode_buckets == {4: 2e-4, 8: 6e-4}              # keys from JSON are strings
+    assert m.bucket_cost(4) == 2e-4 and m.bucket_cost(6) == pytest.approx(4e-4)
+    assert m.bucket_cost(2) == pytest.approx(2e-4 - 2 * 1e-4)   # below: the edge and the slope
+    assert m.bucket_cost(12) == pytest.approx(6e-4 + 4 * 1e-4)  # above
+    assert m.features_time(StepFeatures(decode_rows=5, decode_rows_padded=8)) == pytest.approx(1e-3 + 6e-4)
+    eager = StepFeatures(prefill_tokens=10, decode_rows=5, decode_rows_padded=5)
+    assert m.features_time(eager) == pytest.approx(1e-3 + 5 * 1e-4 + 10 * m.prefill_tokens)  # rows of a prompt step
+    assert CalibratedStepModel.from_dict(m.to_dict()) == m
+    import json
+    assert CalibratedStepModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    with pytest.raises(ConfigError, match="decode_buckets"):
+        CalibratedStepModel(decode_buckets={"batch": 1e-3})

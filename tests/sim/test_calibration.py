@@ -214,6 +214,24 @@ def test_captures_read_together_keep_their_runs_apart(tmp_path) -> None:
     assert read_jsonl([a])[0]["run"] == "served:x"          # one file: the names stay as written
 
 
+def test_decode_batch_costs_come_from_the_served_steps_not_the_grid() -> None:
+    """The step grid runs each step alone, faster than the same batch served; the line may
+    learn shapes from it, but the per-batch decode costs the simulator charges a served
+    instance are the served steps' own."""
+    served = [dict(r, source="served:fit") for r in step_records(600)]
+    grid = [dict(r, source="grid", wall_s=r["wall_s"] * 0.8) for r in step_records(300, seed=9)]
+    model, q = fit_steps(served + grid)
+    assert q["decode_buckets"] == len(model.decode_buckets) > 0
+
+    def level(recs: list[dict]) -> float:
+        dec = [r for r in recs if r["kind"] == "decode" and r["decode_rows_padded"] in model.decode_buckets]
+        return sum(model.features_time(features_of(r)) for r in dec) / sum(r["wall_s"] for r in dec)
+    assert level(served) == pytest.approx(1.0, abs=0.01)
+    assert level(grid) == pytest.approx(1 / 0.8, abs=0.03)
+    line, _ = fit_steps(served + grid, decode_buckets=False)
+    assert not line.decode_buckets
+
+
 def test_a_compressed_capture_reads_as_its_plain_file(tmp_path) -> None:
     import gzip
     plain, packed = tmp_path / "s.jsonl", tmp_path / "s.jsonl.gz"
