@@ -87,28 +87,32 @@ class CalibratedStepModel:
         for key, cost in dict(self.decode_buckets).items():
             require(str(key).isdigit() and int(key) >= 1, "calibration.decode_buckets", key,
                     "padded decode batch sizes (ints >= 1) mapped to seconds")
+            require(isinstance(cost, (int, float)) and not isinstance(cost, bool),
+                    f"calibration.decode_buckets.{key}", cost, "seconds (a number)")
             table[int(key)] = float(cost)
         object.__setattr__(self, "decode_buckets", dict(sorted(table.items())))
-        object.__setattr__(self, "_bucket_keys", list(self.decode_buckets))
 
     def bucket_cost(self, padded: int) -> float:
         """What a pure decode step of ``padded`` rows costs beyond the intercept and its
         context: the fitted bucket's own cost; between two fitted buckets, the line through
-        them; beyond the table's ends, the edge bucket's plus ``decode_rows_padded`` a row."""
+        them; beyond the table's ends, the edge bucket's plus ``decode_rows_padded`` a row
+        (never below nothing)."""
         table = self.decode_buckets
         got = table.get(padded)
         if got is not None:
             return got
         if padded <= 0 or not table:
             return self.decode_rows_padded * max(padded, 0)
-        keys: list[int] = self._bucket_keys  # type: ignore[attr-defined]
+        keys = sorted(table)  # a miss: a batch no served run reached (the table is small)
         i = bisect_left(keys, padded)
         if i == 0:
-            return table[keys[0]] - self.decode_rows_padded * (keys[0] - padded)
-        if i == len(keys):
-            return table[keys[-1]] + self.decode_rows_padded * (padded - keys[-1])
-        lo, hi = keys[i - 1], keys[i]
-        return table[lo] + (padded - lo) / (hi - lo) * (table[hi] - table[lo])
+            cost = table[keys[0]] - self.decode_rows_padded * (keys[0] - padded)
+        elif i == len(keys):
+            cost = table[keys[-1]] + self.decode_rows_padded * (padded - keys[-1])
+        else:
+            lo, hi = keys[i - 1], keys[i]
+            cost = table[lo] + (padded - lo) / (hi - lo) * (table[hi] - table[lo])
+        return max(0.0, cost)
 
     def features_time(self, f: StepFeatures) -> float:
         t = self.intercept + self.host_per_row * f.decode_rows
@@ -215,6 +219,8 @@ class CalibratedStepModel:
         model = cls(**{k: float(c) for k, c in zip(TERMS, coef)}, pad_unified=pad_unified, prefill_graphs=graphs)
         pred = a @ coef
         if decode_buckets:
+            require(bucket_samples is None or len(bucket_samples) == len(ys), "calibration.bucket_samples",
+                    None if bucket_samples is None else len(bucket_samples), f"one flag per sample ({len(ys)})")
             usable = keep if bucket_samples is None else keep & np.asarray(bucket_samples, dtype=bool)
             model = replace(model, decode_buckets=bucket_table(model, feats, y, usable, min_bucket_samples))
             pred = np.array([model.features_time(f) for f in feats])
@@ -233,7 +239,7 @@ def bucket_table(model: CalibratedStepModel, feats: Sequence[StepFeatures], seco
     intercept and the context term). One slope over the padded rows cannot follow a graph
     per bucket: on the H200 captures of 2026-12-04 it put batch 1-4 decode 3% over their
     served steps and batch 16 7% under, with the step grid's large batches pulling it."""
-    base = replace(model, decode_rows_padded=0.0, decode_buckets={})
+    base = replace(model, decode_rows_padded=0.0, decode_buckets={}, min_step_s=float("-inf"))  # no floor
     by: dict[int, list[float]] = {}
     for f, y, k in zip(feats, seconds, keep):
         if k and not f.prefill_tokens and f.decode_rows_padded > 0:

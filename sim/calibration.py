@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -54,7 +55,7 @@ def read_jsonl(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         try:
             raw = Path(path).read_bytes()
             lines = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode().splitlines()
-        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as err:
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:  # (BadGzipFile is an OSError)
             raise ConfigError("steps", str(path), f"a readable JSONL file of timing records ({err})") from None
         for n, line in enumerate(lines, 1):
             if line.strip():

@@ -151,25 +151,27 @@ class ChatWorkload:
             ) -> Generator[Event, Any, None]:
         """``send_at``: (session, turn) -> seconds after the run began at which that turn is
         sent (or when the session's previous turn ends, if that is later), in place of the
-        arrival gaps and think times (:class:`PinnedChat`). The gaps and think times are
-        drawn all the same, so every prompt and length is the one the unpinned run draws."""
+        arrival gaps and think times (:class:`PinnedChat`); every session it names starts at
+        once and waits for its own first send time, and a turn it does not name ends its
+        session. The think times are drawn all the same, so every prompt and length is the
+        one the unpinned run draws."""
         start = rt.now()
         system = tokens_for(f"{rt.seed}/chat/system", self.system_prompt_len)
         budget = [self.max_requests if self.max_requests is not None else -1]
-        arr_rng = rt.rng("workload/arrival")
         sessions = []
-        for s in range(self.num_sessions):
-            gap = self.arrival.gap(arr_rng) if s else 0.0
-            if send_at is None:
-                if gap > 0:
-                    yield rt.sleep(gap)
-            elif (s, 0) not in send_at:
-                continue  # the recorded run never started it
-            elif (wait := start + send_at[(s, 0)] - rt.now()) > 0:
-                yield rt.sleep(wait)
-            if budget[0] == 0:
-                break
-            sessions.append(rt.spawn(self._session(rt, client, s, system, budget, start, send_at)))
+        if send_at is None:
+            arr_rng = rt.rng("workload/arrival")
+            for s in range(self.num_sessions):
+                if s:
+                    gap = self.arrival.gap(arr_rng)
+                    if gap > 0:
+                        yield rt.sleep(gap)
+                if budget[0] == 0:
+                    break
+                sessions.append(rt.spawn(self._session(rt, client, s, system, budget, start, None)))
+        else:
+            sessions = [rt.spawn(self._session(rt, client, s, system, budget, start, send_at))
+                        for s in range(self.num_sessions) if (s, 0) in send_at]
         if sessions:
             yield rt.all_of(sessions)
         client.close()
@@ -188,12 +190,14 @@ class ChatWorkload:
             prompt = history + user
             if len(prompt) + out_len > self.max_context_tokens:
                 return
-            if send_at is not None and k:
+            if send_at is not None:
                 if (s, k) not in send_at:
                     return  # the recorded run never sent it
                 wait = start + send_at[(s, k)] - rt.now()
                 if wait > 0:
                     yield rt.sleep(wait)
+                    if budget[0] == 0:  # other sessions sent the last ones meanwhile
+                        return
             if budget[0] > 0:
                 budget[0] -= 1
             ticket = client.send(RequestSpec(prompt, out_len, session=s, turn=k), keep_tokens=True)
@@ -234,7 +238,9 @@ class PinnedChat:
         return self.chat.mean_turns()
 
     def describe(self) -> dict[str, Any]:
-        return dict(self.chat.describe(), pinned_turns=len(self.send_at))
+        """The chat workload it pins and how many turns; not a ``workload_from_dict`` input:
+        the send times belong to a recorded run, which is where to rebuild them from."""
+        return dict(kind="pinned_chat", chat=self.chat.describe(), pinned_turns=len(self.send_at))
 
 
 @dataclass(frozen=True)

@@ -63,14 +63,20 @@ class ValidateConfig:
         unknown = [s for s in self.section_list() if s not in SECTIONS]
         require(not unknown, "sections", self.sections, f"a comma list of {', '.join(SECTIONS)}")
         chosen = self.served_workload_list()
-        require(bool(chosen) and all(w in SERVED_WORKLOADS for w in chosen), "served_workloads",
-                self.served_workloads, f"a comma list of {', '.join(SERVED_WORKLOADS)}")
-        require(self.heldout_sessions is None or (isinstance(self.heldout_sessions, int) and self.heldout_sessions >= 1),
-                "heldout_sessions", self.heldout_sessions, "null or an int >= 1 (a longer held-out run, same rate)")
-        require(self.served_host_tier_gib is None or (isinstance(self.served_host_tier_gib, (int, float))
-                                                      and self.served_host_tier_gib > 0),
-                "served_host_tier_gib", self.served_host_tier_gib,
-                "null or a size in GiB > 0 (a longer held-out run saves more pages than 12 GiB hold)")
+        require(bool(chosen) and all(w in SERVED_WORKLOADS for w in chosen) and len(set(chosen)) == len(chosen),
+                "served_workloads", self.served_workloads,
+                f"a comma list of distinct names among {', '.join(SERVED_WORKLOADS)}")
+        sessions = self.heldout_sessions
+        require(sessions is None or (type(sessions) is int and sessions >= 1), "heldout_sessions", sessions,
+                "null or an int >= 1 (a longer held-out run, same rate)")
+        require(sessions is None or "heldout" in chosen, "heldout_sessions", sessions,
+                "null unless served_workloads includes heldout")
+        tier = self.served_host_tier_gib
+        require(tier is None or (isinstance(tier, (int, float)) and not isinstance(tier, bool) and tier > 0),
+                "served_host_tier_gib", tier, "null or a size in GiB > 0 (a longer held-out run saves more "
+                "pages than 12 GiB hold)")
+        require(tier is None or common.is_cuda(self.device), "served_host_tier_gib", tier,
+                "null on the CPU (its tiny instance sizes its tier in slots)")
 
     def served_workload_list(self) -> list[str]:
         return [w for w in self.served_workloads.split(",") if w]

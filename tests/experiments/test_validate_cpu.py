@@ -154,6 +154,12 @@ def test_a_longer_held_out_run_alone(tmp_path):
     assert list(wl) == ["heldout"] and wl["heldout"]["ok"]
     assert wl["heldout"]["workload"]["num_sessions"] == 3
     assert wl["heldout"]["requests"] == 3 * 2 * 3          # sessions x turns x phases
-    for bad, field in (("served_workloads=fit,chat", "served_workloads"), ("heldout_sessions=0", "heldout_sessions")):
+    for bad, field in (("served_workloads=fit,chat", "served_workloads"), ("served_workloads=fit,fit", "served_workloads"),
+                       ("heldout_sessions=0", "heldout_sessions"), ("heldout_sessions=true", "heldout_sessions"),
+                       ("served_workloads=fit heldout_sessions=8", "heldout_sessions"),
+                       ("device=cpu served_host_tier_gib=28", "served_host_tier_gib"),
+                       ("served_host_tier_gib=0", "served_host_tier_gib")):
         with pytest.raises(ConfigError, match=field):
-            parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", bad])
+            parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", *bad.split()])
+    cfg = parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", "served_host_tier_gib=28"])
+    assert cfg.served_host_tier_gib == 28.0      # on a GPU (the default device)

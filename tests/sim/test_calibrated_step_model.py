@@ -233,3 +233,9 @@ def test_a_batch_between_or_beyond_the_fitted_ones_follows_their_line() -> None:
     assert CalibratedStepModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
     with pytest.raises(ConfigError, match="decode_buckets"):
         CalibratedStepModel(decode_buckets={"batch": 1e-3})
+    with pytest.raises(ConfigError, match="decode_buckets.8"):
+        CalibratedStepModel(decode_buckets={8: None})         # a YAML null
+    steep = CalibratedStepModel(decode_rows_padded=1e-4, decode_buckets={8: 1e-4})
+    assert steep.bucket_cost(1) == 0.0                        # extrapolated below nothing: nothing
+    with pytest.raises(ConfigError, match="bucket_samples"):
+        CalibratedStepModel.fit_with_quality(_bucketed_samples(40), decode_buckets=True, bucket_samples=[True])

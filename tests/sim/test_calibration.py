@@ -214,7 +214,7 @@ def test_captures_read_together_keep_their_runs_apart(tmp_path) -> None:
     assert read_jsonl([a])[0]["run"] == "served:x"          # one file: the names stay as written
 
 
-def test_decode_batch_costs_come_from_the_served_steps_not_the_grid() -> None:
+def test_decode_batch_costs_come_from_the_served_steps_not_the_grid(tmp_path) -> None:
     """The step grid runs each step alone, faster than the same batch served; the line may
     learn shapes from it, but the per-batch decode costs the simulator charges a served
     instance are the served steps' own."""
@@ -230,6 +230,9 @@ def test_decode_batch_costs_come_from_the_served_steps_not_the_grid() -> None:
     assert level(grid) == pytest.approx(1 / 0.8, abs=0.03)
     line, _ = fit_steps(served + grid, decode_buckets=False)
     assert not line.decode_buckets
+    from sim.profile import FittedProfile
+    path = FittedProfile("t", "g", "2026-12-04", "qwen3-0.6b", step_model=model).save(tmp_path / "p.yaml")
+    assert FittedProfile.load(path).step_model == model       # the table survives the YAML
 
 
 def test_a_compressed_capture_reads_as_its_plain_file(tmp_path) -> None:
@@ -240,8 +243,12 @@ def test_a_compressed_capture_reads_as_its_plain_file(tmp_path) -> None:
     packed.write_bytes(gzip.compress(text.encode()))
     assert read_jsonl([packed]) == read_jsonl([plain])
     (tmp_path / "bad.gz").write_bytes(b"not gzip")
-    with pytest.raises(ConfigError, match="bad.gz"):
-        read_jsonl([tmp_path / "bad.gz"])
+    body = bytearray(packed.read_bytes())
+    body[12:40] = bytes(28)                                    # a gzip header, a broken stream
+    (tmp_path / "broken.gz").write_bytes(bytes(body))
+    for bad in ("bad.gz", "broken.gz"):
+        with pytest.raises(ConfigError, match=bad):
+            read_jsonl([tmp_path / bad])
 
 
 def test_separate_copies_need_one_steps_file(tmp_path) -> None:

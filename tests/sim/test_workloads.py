@@ -167,7 +167,18 @@ def test_pinned_chat_sends_each_turn_at_its_recorded_time_or_when_its_answer_cam
     partial = {k: v for k, v in recorded.items() if k[0] != 3 and k != (1, 2)}
     _, cut = _chat_run(PinnedChat(chat, partial), delay_s=0.1)
     assert {(r.session, r.turn) for r in cut.records} == set(partial)
-    assert PinnedChat(chat, partial).describe() == dict(chat.describe(), pinned_turns=len(partial))
+    assert PinnedChat(chat, partial).describe() == dict(kind="pinned_chat", chat=chat.describe(),
+                                                        pinned_turns=len(partial))
+    # sessions need not be listed in time order: each waits for its own first turn
+    late_first = {**recorded, (0, 0): 5.0}
+    _, shuffled = _chat_run(PinnedChat(chat, late_first), delay_s=0.1)
+    firsts = {r.session: r.submitted_at for r in shuffled.records if r.turn == 0}
+    assert firsts[0] == pytest.approx(5.0)
+    assert all(firsts[s] == pytest.approx(recorded[(s, 0)]) for s in (1, 2, 3))
+    # the request cap holds however long a pinned turn waited
+    capped = ChatWorkload(**{**{f: getattr(chat, f) for f in chat.__dataclass_fields__}, "max_requests": 5})
+    sent, _ = _chat_run(PinnedChat(capped, recorded), delay_s=0.1)
+    assert len(sent) == 5
 
 
 def test_chat_max_requests_caps_the_run() -> None:
