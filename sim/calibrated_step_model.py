@@ -15,10 +15,14 @@ row costs on top (with one shared slope the served runs' unified steps dragged t
 graph-decode slope up and large-batch decode came out 20-40% slow on the H200 step grid).
 A prompt step replayed as a prefill graph (``prompt_graph``) computes its whole (tokens,
 seqs) bucket, decode rows included, so it is charged ``graph_prompt_step`` plus
-``graph_tokens`` per token of the bucket and ``graph_context_tokens`` per KV row its rows
-read, and the shared attention pairs; fitted on the per-row slopes instead, the
-bucket-(32, 8) steps of the fit workload overcharged the held-out run's bucket-(128, 4)
-steps by 8-10% on three captures. The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
+``graph_tokens`` per token of the bucket, ``graph_context_tokens`` per KV row its prompt
+rows read and ``graph_decode_context_tokens`` per KV row its decode rows read (one read
+each, as in a decode step: with one slope for both, the steps of a served run with prefix
+hits, a short chunk beside a few decode rows, came out 3% over their median on the fit
+data and 4-6% over on the held-out runs), and the shared attention pairs; fitted on the
+per-row slopes instead, the bucket-(32, 8) steps of the fit workload overcharged the
+held-out run's bucket-(128, 4) steps by 8-10% on three captures. Per padded decode batch a
+pure decode step may pay a fitted cost of its own (``decode_buckets``). The fit minimises RELATIVE residuals by default: a 3 ms decode step and a 300 ms
 prefill both matter, and absolute least squares would let the long steps drown out the
 decode steps that TPOT is made of.
 
@@ -45,7 +49,7 @@ from sim.step_features import StepFeatures, step_features
 
 TERMS = ("intercept", "eager_step", "prefill_tokens", "prefill_attn_pairs", "decode_rows_padded", "decode_context_tokens",
          "eager_decode_rows", "eager_decode_context_tokens", "graph_prompt_step", "graph_tokens",
-         "graph_context_tokens")
+         "graph_context_tokens", "graph_decode_context_tokens")
 MEAN_FIT_ITERATIONS = 25
 MIN_BUCKET_SAMPLES = 10   # pure decode steps a padded batch needs for a cost of its own
 
@@ -72,7 +76,9 @@ class CalibratedStepModel:
     graph_prompt_step: float = 0.0             # a step with prompt tokens replayed as a graph:
                                                # instead of eager_step (prefill_graphs below)
     graph_tokens: float = 0.0                  # per token of the bucket such a graph computes
-    graph_context_tokens: float = 0.0          # per KV row its rows read (prompt and decode rows)
+    graph_context_tokens: float = 0.0          # per KV row its prompt rows read
+    graph_decode_context_tokens: float | None = None  # per KV row its decode rows read (None, a
+                                                      # profile from before the split: as prompt rows)
     host_per_row: float = 0.0                  # host work per (unpadded) decode row, between steps:
                                                # from the host-gap fit (sim.profile), not this fit
     pad_unified: bool = False
@@ -119,7 +125,9 @@ class CalibratedStepModel:
         if f.prompt_graph and f.prefill_tokens:
             # a replay computes its whole bucket; its decode rows are rows of that bucket
             t += (self.graph_prompt_step + self.graph_tokens * f.graph_tokens
-                  + self.graph_context_tokens * (f.prefill_context_tokens + f.decode_context_tokens)
+                  + self.graph_context_tokens * f.prefill_context_tokens
+                  + (self.graph_context_tokens if self.graph_decode_context_tokens is None
+                     else self.graph_decode_context_tokens) * f.decode_context_tokens
                   + self.prefill_attn_pairs * f.prefill_attn_pairs)
         else:
             rows = (self.bucket_cost(f.decode_rows_padded) if self.decode_buckets and not f.prefill_tokens
@@ -139,11 +147,16 @@ class CalibratedStepModel:
         """Every step ``factor`` times as long (all fitted terms scaled, so the shape is
         kept): how sensitive a simulated result is to a small error in the step model."""
         require(factor > 0, "step_scale", factor, "a number > 0")
-        return replace(self, **{k: getattr(self, k) * factor for k in TERMS},
+        return replace(self, **{k: getattr(self, k) * factor for k in TERMS if getattr(self, k) is not None},
                        decode_buckets={b: c * factor for b, c in self.decode_buckets.items()})
 
     def coefficients(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in TERMS}
+        """The fitted terms, as charged (a profile from before the decode-row split charges
+        a graph step's decode-row KV at ``graph_context_tokens``)."""
+        out = {k: getattr(self, k) for k in TERMS}
+        if out["graph_decode_context_tokens"] is None:
+            out["graph_decode_context_tokens"] = self.graph_context_tokens
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,7 +202,7 @@ class CalibratedStepModel:
                          rest * f.decode_rows_padded, rest * f.decode_context_tokens,
                          eager * f.decode_rows_padded, eager * f.decode_context_tokens, graph,
                          graph * f.graph_tokens,
-                         graph * (f.prefill_context_tokens + f.decode_context_tokens)))
+                         graph * f.prefill_context_tokens, graph * f.decode_context_tokens))
             ys.append(seconds)
         a = np.asarray(rows, dtype=float)
         y = np.asarray(ys, dtype=float)

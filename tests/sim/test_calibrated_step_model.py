@@ -124,14 +124,17 @@ def _graphed(f: StepFeatures) -> StepFeatures:
 
 
 GRAPH_TRUE = CalibratedStepModel(**{**TRUE.to_dict(), "graph_prompt_step": 0.3e-3, "graph_tokens": 9e-6,
-                                    "graph_context_tokens": 2.5e-7, "prefill_graphs": True})
+                                    "graph_context_tokens": 2.5e-7, "graph_decode_context_tokens": 4e-8,
+                                    "prefill_graphs": True})
 
 
 def test_graph_prompt_steps_are_fitted_on_their_bucket() -> None:
     """With prefill graphs on, a small prompt step replays a graph: it skips the eager
     launch cost and computes its whole bucket. The fit keeps the two constants apart,
-    recovers the bucket's per-token and per-KV-row costs, and remembers that the engine
-    graphs prompt steps, so the simulator charges each plan what it would pay."""
+    recovers the bucket's per-token cost and what a KV row read by a prompt row and by a
+    decode row costs (a decode row reads its KV once; on the H200 one shared slope put the
+    held-out run's 112-token steps beside 7 decode rows 10% over), and remembers that the
+    engine graphs prompt steps, so the simulator charges each plan what it would pay."""
     samples = [(g, GRAPH_TRUE.features_time(g)) for f, _ in _samples(0.0, n=800) for g in [_graphed(f)]]
     assert any(f.prompt_graph for f, _ in samples) and any(f.prefill_tokens and not f.prompt_graph for f, _ in samples)
     model = CalibratedStepModel.fit(samples)
@@ -139,6 +142,12 @@ def test_graph_prompt_steps_are_fitted_on_their_bucket() -> None:
     for k, v in GRAPH_TRUE.coefficients().items():
         assert model.coefficients()[k] == pytest.approx(v, rel=1e-6, abs=1e-15), k
     assert not CalibratedStepModel.fit(_samples(0.0)).prefill_graphs
+    # a profile from before the split charges a decode row's KV as a prompt row's
+    old = CalibratedStepModel(**{**GRAPH_TRUE.to_dict(), "graph_decode_context_tokens": None})
+    f = StepFeatures(prefill_tokens=16, prefill_context_tokens=900, decode_rows=3, decode_rows_padded=3,
+                     decode_context_tokens=3000, prompt_graph=1, graph_tokens=32)
+    assert old.features_time(f) - GRAPH_TRUE.features_time(f) == pytest.approx(3000 * (2.5e-7 - 4e-8))
+    assert old.scaled(2.0).graph_decode_context_tokens is None
 
 
 def test_a_graph_replay_costs_its_bucket_not_its_rows() -> None:
