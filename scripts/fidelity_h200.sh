@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every H200 fidelity report the README quotes, from the committed captures and profile:
+# calibrate once (the fit captures), then each held-out run against the simulator.
+#
+#   scripts/fidelity_h200.sh          (CPU only, about a minute)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+G=results/gpu P=conf/profiles/h200_qwen3-4b.yaml
+A=$G/dec04_capture B=$G/dec04_grid_capture                    # the fit captures (16-session held-out runs too)
+LA=$G/dec04_long_a LB=$G/dec04_long_b LC=$G/dec04_long_c       # 128-session held-out runs, 28 GiB CPU tier
+OA=$G/dec04_long_overflow_a OB=$G/dec04_long_overflow_b       # the same on a 12 GiB tier
+fid() { python -m experiments.fidelity profile=$P "$@"; }
+
+python -m experiments.calibrate steps=$A/served_fit.jsonl,$A/steps_grid_4b.jsonl,$B/served_fit.jsonl,$B/steps_grid_4b.jsonl \
+    validate_report=$B/validate.json model=qwen3-4b out=$P > results/fidelity_h200_calibrate.txt
+fid served=$B/validate.json steps=$B/served_heldout.jsonl repeat=$A/validate.json sensitivity=0.01 \
+    report=results/fidelity_h200.json figure=docs/img/fidelity_h200.png > results/fidelity_h200.txt
+fid served=$A/validate.json steps=$A/served_heldout.jsonl repeat=$B/validate.json sensitivity=0.01 \
+    report=results/fidelity_h200_second.json > results/fidelity_h200_second.txt
+fid served=$LA/validate.json steps=$LA/served_heldout.jsonl.gz repeat=$LB/validate.json sensitivity=0.01 \
+    report=results/fidelity_h200_long.json figure=docs/img/fidelity_h200_long.png > results/fidelity_h200_long.txt
+fid served=$LB/validate.json steps=$LB/served_heldout.jsonl.gz repeat=$LA/validate.json sensitivity=0.01 \
+    report=results/fidelity_h200_long_second.json > results/fidelity_h200_long_second.txt
+fid served=$LC/validate.json steps=$LC/served_heldout.jsonl.gz repeat=$LA/validate.json sensitivity=0.01 \
+    report=results/fidelity_h200_long_third.json > results/fidelity_h200_long_third.txt
+fid served=$OA/validate.json repeat=$OB/validate.json report=results/fidelity_h200_long_overflow.json \
+    > results/fidelity_h200_long_overflow.txt
+{ fid served=$B/validate.json arrivals=real; fid served=$A/validate.json arrivals=real; } \
+    > results/fidelity_h200_pinned_arrivals.txt
+grep -H "met:" results/fidelity_h200*.txt | grep -c NO | sed 's/^/phases with a missed target (incl. repeat sections): /'
