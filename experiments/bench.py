@@ -1,4 +1,4 @@
-"""Simulator speed on standard workloads, against the targets of issue #8.
+"""Simulator speed on standard workloads (issue #8's benchmark), against the performance targets of issue #4.
 
     python -m experiments.bench [cases=chat,pd,offline] [sizes=10000,100000] [repeats=3]
                                 [big_repeats=1] [load=0.7] [baseline=key=value,...]
@@ -379,7 +379,7 @@ def table(out: dict[str, Any]) -> list[str]:
                     why = "expected under a t=0 batch: the last requests end past the monitors' 30 s terminal " \
                           "bound" if m["all_completed"] else "a real finding: the figures are not a speed measurement"
                     lines.append(f"  {case} {n}{side}: monitor {', '.join(m['violations'])} ({why})")
-    lines.append("targets (issue #8, this 2-core machine):")
+    lines.append("targets (issue #4, this 2-core machine):")
     for ch in out["checks"]:
         lines.append(f"  {_verdict(ch['passed']):<5} {ch['target']:<40} {ch['note']}")
     if not out["all_completed"]:

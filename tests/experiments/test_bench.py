@@ -29,7 +29,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
 def test_all_cases_with_baseline(tmp_path: Path) -> None:
     p, rep = _run(tmp_path, "cases=chat,pd,offline", "sizes=50", "repeats=1", "baseline=monitors=false")
     out = p.stdout
-    assert "ours/base" in out and "base req/s" in out and "targets (issue #8" in out
+    assert "ours/base" in out and "base req/s" in out and "targets (issue #4" in out
     assert "estimated" in p.stderr and "bench [6/6]" in p.stderr
     assert set(rep["cases"]) == {"chat", "pd", "offline"}  # the JSON is written with sorted keys
     assert rep["baseline_world"] == "monitors=false" and rep["all_completed"] is True
