@@ -25,6 +25,9 @@ fid served=$LC/validate.json steps=$LC/served_heldout.jsonl.gz repeat=$LA/valida
     report=results/fidelity_h200_long_third.json > results/fidelity_h200_long_third.txt
 fid served=$OA/validate.json repeat=$OB/validate.json report=results/fidelity_h200_long_overflow.json \
     > results/fidelity_h200_long_overflow.txt
+F=$G/dec04_heldout_fresh                                         # captured after the model changes
+fid served=$F/validate.json steps=$F/served_heldout.jsonl.gz repeat=$B/validate.json sensitivity=0.01 \
+    report=results/fidelity_h200_fresh.json > results/fidelity_h200_fresh.txt
 { fid served=$B/validate.json arrivals=real; fid served=$A/validate.json arrivals=real; } \
     > results/fidelity_h200_pinned_arrivals.txt
 grep -H "met:" results/fidelity_h200*.txt | grep -c NO | sed 's/^/phases with a missed target (incl. repeat sections): /'
