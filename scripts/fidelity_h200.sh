@@ -25,6 +25,12 @@ fid served=$LC/validate.json steps=$LC/served_heldout.jsonl.gz repeat=$LA/valida
     report=results/fidelity_h200_long_third.json > results/fidelity_h200_long_third.txt
 fid served=$OA/validate.json repeat=$OB/validate.json report=results/fidelity_h200_long_overflow.json \
     > results/fidelity_h200_long_overflow.txt
+for C in $A $B; do   # same-lease calibration: each capture's own fit run and grid, then its held-out run
+    python -m experiments.calibrate steps=$C/served_fit.jsonl,$C/steps_grid_4b.jsonl validate_report=$C/validate.json \
+        model=qwen3-4b name=self out=$C/profile_self.yaml > $C/calibrate_self.txt
+    python -m experiments.fidelity served=$C/validate.json profile=$C/profile_self.yaml steps=$C/served_heldout.jsonl \
+        sensitivity=0.01 report=$C/fidelity_self.json > $C/fidelity_self.txt
+done
 F=$G/dec04_heldout_fresh                                         # captured after the model changes
 fid served=$F/validate.json steps=$F/served_heldout.jsonl.gz repeat=$B/validate.json sensitivity=0.01 \
     report=results/fidelity_h200_fresh.json > results/fidelity_h200_fresh.txt
