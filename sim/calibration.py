@@ -112,17 +112,19 @@ def features_of(rec: Mapping[str, Any]) -> StepFeatures:
                    decode_rows_padded=f.decode_rows_padded if padded is None else int(padded))
 
 
+def sampled_steps(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The step records a fit samples: every step that ran without error (a failed step's
+    time says nothing about a step's cost), in order; :func:`step_samples` keeps exactly these."""
+    return [r for r in records if not is_copy(r) and not r.get("error")]
+
+
 def step_samples(records: Sequence[Mapping[str, Any]], target: str = "wall_s",
                  waits: Mapping[int, float] | None = None) -> list[tuple[StepFeatures, float, str]]:
-    """(features, seconds, kind) of every step that ran without error; ``waits`` (from
+    """(features, seconds, kind) of each of :func:`sampled_steps`; ``waits`` (from
     :func:`step_waits`) is taken off the seconds of the steps it names."""
     out = []
     waits = waits or {}
-    for rec in records:
-        if is_copy(rec):
-            continue
-        if rec.get("error"):
-            continue  # a failed step's time says nothing about a step's cost
+    for rec in sampled_steps(records):
         require(rec.get(target) is not None, f"step record.{target}", None,
                 f"records that carry {target} (choose target=wall_s or target=gpu_s)")
         out.append((features_of(rec), float(rec[target]) - waits.get(id(rec), 0.0), str(rec.get("kind", ""))))
@@ -435,9 +437,8 @@ def fit_steps(records: Sequence[Mapping[str, Any]], target: str = "wall_s", bala
     beside it), which the simulator of a served instance must charge. The grid's steps
     still inform the line (its batches and contexts reach where served runs do not)."""
     waits = step_waits(records, wait_for)
-    steps = [r for r in records if not is_copy(r) and not r.get("error")]
-    served = [str(r.get("source", "")).startswith("served") for r in steps]
-    samples = step_samples(steps, target, waits)
+    served = [str(r.get("source", "")).startswith("served") for r in sampled_steps(records)]  # per sample
+    samples = step_samples(records, target, waits)
     weights = None
     if balance_kinds:
         counts: dict[str, int] = {}
