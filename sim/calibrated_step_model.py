@@ -36,10 +36,10 @@ shape: 0.5 s for a 14 ms step) are left out of that fit and counted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
 from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -126,8 +126,7 @@ class CalibratedStepModel:
             # a replay computes its whole bucket; its decode rows are rows of that bucket
             t += (self.graph_prompt_step + self.graph_tokens * f.graph_tokens
                   + self.graph_context_tokens * f.prefill_context_tokens
-                  + (self.graph_context_tokens if self.graph_decode_context_tokens is None
-                     else self.graph_decode_context_tokens) * f.decode_context_tokens
+                  + self.graph_decode_kv_rate * f.decode_context_tokens
                   + self.prefill_attn_pairs * f.prefill_attn_pairs)
         else:
             rows = (self.bucket_cost(f.decode_rows_padded) if self.decode_buckets and not f.prefill_tokens
@@ -153,10 +152,14 @@ class CalibratedStepModel:
     def coefficients(self) -> dict[str, float]:
         """The fitted terms, as charged (a profile from before the decode-row split charges
         a graph step's decode-row KV at ``graph_context_tokens``)."""
-        out = {k: getattr(self, k) for k in TERMS}
-        if out["graph_decode_context_tokens"] is None:
-            out["graph_decode_context_tokens"] = self.graph_context_tokens
-        return out
+        return {**{k: getattr(self, k) for k in TERMS}, "graph_decode_context_tokens": self.graph_decode_kv_rate}
+
+    @property
+    def graph_decode_kv_rate(self) -> float:
+        """Seconds per KV row a graph prompt step's decode rows read: their own fitted rate,
+        or, in a profile from before the split (None), the prompt rows' rate."""
+        g = self.graph_decode_context_tokens
+        return self.graph_context_tokens if g is None else g
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
