@@ -26,19 +26,23 @@ fid served=$LC/validate.json steps=$LC/served_heldout.jsonl.gz repeat=$LA/valida
     report=results/fidelity_h200_long_third.json > results/fidelity_h200_long_third.txt
 fid served=$OA/validate.json repeat=$OB/validate.json report=results/fidelity_h200_long_overflow.json \
     > results/fidelity_h200_long_overflow.txt
-for C in $A $B; do   # same-lease calibration: each capture's own fit run and grid, then its held-out run
-    python -m experiments.calibrate steps=$C/served_fit.jsonl,$C/steps_grid_4b.jsonl validate_report=$C/validate.json \
+K=$G/dec04_clean             # a fresh lease's fit run, grid and held-out run, for the clean same-lease test
+for C in $A $B $K; do   # same-lease calibration: each capture's own fit run and grid, then its held-out run
+    x=; [ -e $C/served_fit.jsonl.gz ] && x=.gz
+    python -m experiments.calibrate steps=$C/served_fit.jsonl$x,$C/steps_grid_4b.jsonl$x validate_report=$C/validate.json \
         model=qwen3-4b name=self out=$C/profile_self.yaml > $C/calibrate_self.txt
-    python -m experiments.fidelity served=$C/validate.json profile=$C/profile_self.yaml steps=$C/served_heldout.jsonl \
+    python -m experiments.fidelity served=$C/validate.json profile=$C/profile_self.yaml steps=$C/served_heldout.jsonl$x \
         sensitivity=0.01 report=$C/fidelity_self.json > $C/fidelity_self.txt
 done
+fid served=$K/validate.json steps=$K/served_heldout.jsonl.gz repeat=$B/validate.json \
+    report=results/fidelity_h200_clean.json > results/fidelity_h200_clean.txt
 F=$G/dec04_heldout_fresh                                         # captured after the model changes
 fid served=$F/validate.json steps=$F/served_heldout.jsonl.gz repeat=$B/validate.json sensitivity=0.01 \
     report=results/fidelity_h200_fresh.json > results/fidelity_h200_fresh.txt
 { fid served=$B/validate.json arrivals=real; fid served=$A/validate.json arrivals=real; } \
     > results/fidelity_h200_pinned_arrivals.txt
-written=(results/fidelity_h200{,_second,_long,_long_second,_long_third,_long_overflow,_fresh,_pinned_arrivals}.txt
-         $A/fidelity_self.txt $B/fidelity_self.txt)
+written=(results/fidelity_h200{,_second,_long,_long_second,_long_third,_long_overflow,_fresh,_clean,_pinned_arrivals}.txt
+         $A/fidelity_self.txt $B/fidelity_self.txt $K/fidelity_self.txt)
 for f in "${written[@]}"; do
     awk -v f="$f" '/met:/ {n++; if (/NO/) m++} END {printf "%-48s %2d of %2d verdict lines miss a target\n", f, m, n}' "$f"
 done
