@@ -52,7 +52,7 @@ class QueuedLink:
 
     def copy(self, nbytes: int, not_before: float = 0.0) -> Event:
         now = self.rt.now()  # read once: simulated time cannot move inside this call
-        return self.rt.sleep(self.landing_time(nbytes, now, not_before) - now)
+        return self.rt.timer(self.landing_time(nbytes, now, not_before) - now)
 
     def drained_at(self) -> float:
         """When the last copy queued so far lands (every engine is free from then on)."""

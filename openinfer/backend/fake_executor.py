@@ -89,8 +89,9 @@ class FakeExecutor:
         """The step's answer, ``step_time(plan)`` from now.
 
         A step is a sleep and then the answer, so it needs no process of its own: one
-        timeout whose callback answers (two events a step instead of a process's three and
-        its generator; a long simulation runs one step per few requests' tokens). An
+        runtime timer that computes the answer when it fires (one event a step instead of
+        a process's three and its generator; a long simulation runs one step per few
+        requests' tokens). An
         executor that spends the step's time differently (overrides ``_spend``, as
         sim.host_thread's host-holding one does) runs it as a process."""
         if type(self)._spend is not FakeExecutor._spend:
@@ -99,12 +100,9 @@ class FakeExecutor:
         started = rt.now()
         self.steps += 1
         step = self.steps
-        answer = rt.event()
         dt = self.step_time(plan)
         self.busy_until = started + dt
-        elapsed = rt.sleep(dt)
-        elapsed.callbacks.append(lambda _: answer.succeed(self._result(plan, started, step)))
-        return answer
+        return rt.later(dt, lambda: self._result(plan, started, step))
 
     def _execute(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
         rt = self.rt

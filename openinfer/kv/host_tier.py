@@ -184,7 +184,8 @@ class HostTier:
 
         Every sealed block of every request is a save. With ``inline_saves`` and no fault
         hook on the ``save`` port it is not a process: it takes its slots and queues its
-        D2H now, and the copy's landing answers (two events instead of a process's three).
+        D2H now, and the copy's landing answers (one event when the transfer's copy is a
+        runtime timer, as the simulator's queued copies are; else two).
         Otherwise (a hook may stall it) it runs as a process (``_save``)."""
         if len(self.pending_saves) >= self._prune_at:
             self._prune_pending_saves()
@@ -214,13 +215,10 @@ class HostTier:
 
     def _save_now(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> Event:
         new, slots, err = self._reserve(pages, hashes, None)
-        done = self.rt.event()
         if err is None and new:
             copy = self.transfer.d2h([p for p, _ in new], slots)
-            copy.callbacks.append(lambda _: done.succeed(self._landed(rec, new, slots, guards, None)))
-        else:
-            done.succeed(self._landed(rec, new, slots, guards, err))
-        return done
+            return self.rt.then(copy, lambda: self._landed(rec, new, slots, guards, None))
+        return self.rt.done(self._landed(rec, new, slots, guards, err))
 
     def _reserve(self, pages: list[int], hashes: list[BlockHash], err: str | None
                  ) -> tuple[list[tuple[int, BlockHash]], list[int], str | None]:

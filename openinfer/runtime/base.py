@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from heapq import heappop, heappush
 from typing import Any
 
 import simpy
 from simpy.core import BoundClass, EmptySchedule, StopSimulation
-from simpy.events import Event, Process
+from simpy.events import NORMAL, PENDING, Event, Process
 
 from openinfer.runtime.ordering import EventOrder, FifoOrder
 
@@ -80,6 +80,27 @@ class OrderedEnvironment(simpy.Environment):
             raise exc
 
 
+class Timer(Event):
+    """A timed event that stays pending until it fires and may carry an answer computed
+    then: "the copy lands at t, and what landing means is decided at t". A SimPy
+    ``Timeout`` is triggered from the moment it is made, so an operation whose outcome is
+    known only when its time is up needed a timeout plus a second event to answer; with a
+    Timer it is one event (``Runtime.later``, ``Runtime.then``). Every sealed block of a
+    long simulation is one such copy, so the event saved per copy shows in the run time."""
+
+    def __init__(self, env: simpy.Environment, delay: float, compute: Callable[[], Any] | None = None) -> None:
+        self.env = env
+        self.callbacks = [self._land]
+        self._value = PENDING
+        self._ok = True
+        self.compute = compute
+        env.schedule(self, NORMAL, delay)
+
+    def _land(self, _: Event) -> None:
+        compute, self.compute = self.compute, None  # what it captured is not kept
+        self._value = compute() if compute is not None else None
+
+
 class Runtime:
     """Time, sleep, spawn, events, deadlines and seeded randomness for the core."""
 
@@ -93,6 +114,28 @@ class Runtime:
 
     def sleep(self, seconds: float) -> Event:
         return self.env.timeout(max(0.0, seconds))
+
+    def timer(self, seconds: float) -> Event:
+        """Like ``sleep``, but pending until it fires, so ``then`` can answer through it."""
+        return Timer(self.env, max(0.0, seconds))
+
+    def later(self, seconds: float, compute: Callable[[], Any]) -> Event:
+        """An event that fires ``seconds`` from now with the value ``compute()`` returns
+        then (one event, where a sleep and an answer would be two)."""
+        return Timer(self.env, max(0.0, seconds), compute)
+
+    def then(self, event: Event, compute: Callable[[], Any]) -> Event:
+        """An event that fires when ``event`` does, with the value ``compute()`` returns at
+        that moment. When ``event`` is a fresh ``timer`` nobody waits on yet, it becomes
+        that event itself (one event instead of two); otherwise a second event answers."""
+        if type(event) is Timer and event.compute is None and len(event.callbacks) == 1:
+            event.compute = compute
+            return event
+        if event.callbacks is None:  # already processed: answer now
+            return self.done(compute())
+        answer = self.env.event()
+        event.callbacks.append(lambda _: answer.succeed(compute()))  # type: ignore[union-attr]
+        return answer
 
     # -- tasks and events -------------------------------------------------------------
     def event(self) -> Event:
