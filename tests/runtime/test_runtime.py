@@ -229,3 +229,45 @@ def test_wall_runtime_processes_events_no_earlier_than_their_time():
     rt.run_process(proc())
     assert stamps == [pytest.approx(0.5), pytest.approx(0.7), pytest.approx(0.8)]
     assert sum(slept) == pytest.approx(0.6)
+
+
+def test_later_is_pending_until_it_fires_and_answers_with_what_it_computes_then():
+    """A flush takes the saves whose landing is still pending: a landing event that looked
+    triggered from the moment it was queued (a SimPy Timeout) would be skipped."""
+    rt = SimRuntime()
+    state = {"x": 1}
+    ev = rt.later(0.5, lambda: ("landed at", rt.now(), state["x"]))
+    seen = {}
+
+    def waiter():
+        seen["value"] = yield ev
+
+    rt.spawn(waiter())
+    rt.run(until=0.4)
+    assert not ev.triggered
+    state["x"] = 2  # computed when it fires, not when it was made
+    rt.run(until=1.0)
+    assert seen["value"] == ("landed at", pytest.approx(0.5), 2)
+    assert ev.processed and ev.compute is None  # what it captured is let go
+
+
+def test_then_answers_through_a_fresh_timer_as_one_event_and_otherwise_through_a_second():
+    rt = SimRuntime()
+    timer = rt.timer(0.2)
+    fused = rt.then(timer, lambda: "a")
+    assert fused is timer  # nobody waited on the timer yet: it carries the answer itself
+    plain = rt.sleep(0.3)
+    second = rt.then(plain, lambda: ("b", rt.now()))
+    assert second is not plain
+    rt.run(until=1.0)
+    assert fused.value == "a" and second.value == ("b", pytest.approx(0.3))
+    assert rt.then(plain, lambda: "c").value == "c"  # already processed: answered at once
+
+    def events_for(make) -> int:
+        fresh = SimRuntime()
+        answer = fresh.then(make(fresh), lambda: "d")
+        fresh.run(until=1.0)
+        assert answer.value == "d"
+        return fresh.env.events_processed
+
+    assert events_for(lambda r: r.timer(0.1)) == events_for(lambda r: r.sleep(0.1)) - 1
