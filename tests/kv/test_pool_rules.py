@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from openinfer.errors import AccountingError, ConfigError
@@ -557,3 +559,33 @@ def test_entitlement_tracks_the_remainder_through_the_lifecycle():
     assert pool.entitled == 4 - kv.resident_blocks
     kv.release()
     assert pool.entitled == 0
+
+
+def _pool_with_history() -> tuple[BlockPool, list[int]]:
+    """Pages in every place: active registered, inactive (released primaries), reset."""
+    pool = BlockPool(BS, 12)
+    pages = pool.allocate(6)
+    assert pages is not None
+    for i, page in enumerate(pages):
+        pool.register(page, bytes([i + 1]) * 16)
+    pool.release_all(pages[:3])  # inactive, still matchable
+    pool.check()
+    return pool, pages
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda pool, pages: pool._reset.append(pool._reset[0]), "in the reset pool twice"),
+    (lambda pool, pages: pool._reset.append(pages[0]), "both reset and inactive"),
+    (lambda pool, pages: pool._refs.__setitem__(pages[4], -1), "reset + inactive + active != total"),
+    (lambda pool, pages: (pool._refs.__setitem__(pages[1], 1), pool._refs.__setitem__(pages[4], 0)),
+     "free page {p1} has refcount 1"),
+    (lambda pool, pages: pool._primary.__setitem__(bytes([2]) * 16, pages[4]),
+     "inactive page {p1} is not a registered primary"),
+    (lambda pool, pages: pool._hash.__setitem__(pages[5], bytes([9]) * 16), "radix entry for page {p5} is stale"),
+])
+def test_full_check_names_the_first_broken_page(corrupt, message):
+    """The periodic full check tests in bulk, then names the culprit as a page walk would."""
+    pool, pages = _pool_with_history()
+    corrupt(pool, pages)
+    with pytest.raises(AccountingError, match=re.escape(message.format(p1=pages[1], p5=pages[5]))):
+        pool.check()
