@@ -55,7 +55,11 @@ class BlockPool:
         self._inactive: OrderedDict[int, None] = OrderedDict()
         self._reset_on_release: set[int] = set()
         # Pages and hashes changed since the last take_touched(); None until an audit
-        # asks (PoolAudit), so a pool nobody audits pays one None test per mutation.
+        # asks (PoolAudit), so a pool nobody audits pays one None test per mutation. A
+        # reference taken or dropped on a page that stays referenced is not a change here:
+        # what an audit checks (the sign of the refcount, the inactive pool, the radix)
+        # cannot move with it, and a shared prefix's pages are taken and dropped by every
+        # request that matches them.
         self._touched: set[int] | None = None
         self._touched_hashes: set[BlockHash] | None = None
         pad = self.allocate(1)
@@ -154,9 +158,9 @@ class BlockPool:
                 if page not in inactive:
                     raise AccountingError(f"acquire: page {page} is free (reset)")
                 del inactive[page]
+                if touched is not None:  # only a change of sign is news to an audit
+                    touched.add(page)
             refs[page] = r + 1
-            if touched is not None:
-                touched.add(page)
 
     def release(self, page: int) -> None:
         """Drop one strong reference; the last one returns the page to a pool."""
@@ -175,10 +179,10 @@ class BlockPool:
                 if page == padding:
                     raise AccountingError("release: the padding page is referenced forever")
             refs[page] = r - 1
-            if touched is not None:
-                touched.add(page)
             if r > 1:
                 continue
+            if touched is not None:
+                touched.add(page)
             h = page_hash[page]
             if h is not None and primary.get(h) == page and page not in self._reset_on_release:
                 inactive[page] = None  # most recently used end

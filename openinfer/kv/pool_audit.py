@@ -5,7 +5,8 @@ A full ``check`` walks every page. On an H200-sized pool (tens of thousands of p
 costs tens of milliseconds, so a monitor could afford it only every N passes, and a broken
 page was caught late, far from the event that broke it. This audit keeps its own count of
 active pages and, after each event, re-checks only the pages and hashes the pool reports
-as touched:
+as touched (allocated, registered, forgotten, or whose refcount went to or from zero: a
+reference more or less on a page that stays referenced cannot change what is checked):
 
 - per touched page: refcount >= 0; an active page is not in the inactive pool; an inactive
   page is its hash's matchable primary;
