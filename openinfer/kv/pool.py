@@ -313,13 +313,16 @@ class BlockPool:
             for q in (*reset, *inactive):
                 if refs[q] != 0:
                     raise AccountingError(f"pool: free page {q} has refcount {refs[q]}")
-        if list(map(primary.get, map(page_hash.__getitem__, inactive))) != inactive:
+        radix_ok = list(map(page_hash.__getitem__, primary.values())) == list(primary) \
+            and reset.isdisjoint(primary.values())
+        # With every radix entry naming its page back, "q's hash has q as its primary" is
+        # "q is some entry's page": a set test instead of a dict lookup per page.
+        if not (radix_ok and set(primary.values()).issuperset(inactive)):
             for q in inactive:
                 h = page_hash[q]
                 if h is None or primary.get(h) != q:
                     raise AccountingError(f"pool: inactive page {q} is not a registered primary")
-        if list(map(page_hash.__getitem__, primary.values())) != list(primary) \
-                or not reset.isdisjoint(primary.values()):
+        if not radix_ok:
             for h, q in primary.items():
                 if page_hash[q] != h or q in reset:
                     raise AccountingError(f"pool: radix entry for page {q} is stale")
