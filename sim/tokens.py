@@ -4,7 +4,7 @@ Prefix caching only works in the simulator if equal text gives equal token ids, 
 only replays if the ids do not depend on which request happened to be generated first.
 So every piece of text (a shared system prompt, a chat turn, a Mooncake 512-token block)
 is ``tokens_for(key, n)``: seeded from a hash of its key, independent of event order.
-numpy draws them because a 1k-token prompt per request through ``random.randrange``
+numpy computes them because a 1k-token prompt per request through ``random.randrange``
 would dominate a 10k-request run.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+
+from openinfer.backend.fake_executor import splitmix64_array
 
 PROMPT_VOCAB = 151_643  # Qwen3's ordinary tokens: below the special/EOS ids
 
@@ -23,10 +25,17 @@ def key_seed(key: str) -> int:
 
 def tokens_for(key: str, n: int, vocab: int = PROMPT_VOCAB) -> list[int]:
     """``n`` token ids in [0, vocab), a pure function of (key, n, vocab); a prefix of the
-    answer for a larger ``n``."""
+    answer for a larger ``n``. Token i is splitmix64(seed(key) + i) mod vocab: a counter
+    through a mixing function needs no generator object, which cost more than the draw
+    for a chat turn's few hundred tokens (the bias of the modulo, < vocab / 2^64, is
+    nothing a prefix cache can see)."""
     if n <= 0:
         return []
-    return np.random.Generator(np.random.PCG64(key_seed(key))).integers(0, vocab, n).tolist()
+    x = np.arange(n, dtype=np.uint64)
+    x += np.uint64(key_seed(key))
+    splitmix64_array(x)
+    x %= np.uint64(vocab)
+    return x.tolist()
 
 
 class BlockTokens:
