@@ -91,9 +91,8 @@ class FakeExecutor:
         A step is a sleep and then the answer, so it needs no process of its own: one
         runtime timer that computes the answer when it fires (one event a step instead of
         a process's three and its generator; a long simulation runs one step per few
-        requests' tokens). An
-        executor that spends the step's time differently (overrides ``_spend``, as
-        sim.host_thread's host-holding one does) runs it as a process."""
+        requests' tokens). An executor that spends the step's time differently (overrides
+        ``_spend``, as sim.host_thread's host-holding one does) runs it as a process."""
         if type(self)._spend is not FakeExecutor._spend:
             return self.rt.spawn(self._execute(plan))
         rt = self.rt

@@ -303,7 +303,7 @@ class BlockPool:
             raise AccountingError("pool: a page is in the reset pool twice")
         if not reset.isdisjoint(inactive):
             raise AccountingError("pool: a page is both reset and inactive")
-        negative = 0 if not refs or min(refs) >= 0 else sum(1 for r in refs if r < 0)
+        negative = 0 if min(refs) >= 0 else sum(1 for r in refs if r < 0)  # never empty: the padding page
         active = self.num_blocks - refs.count(0) - negative
         if len(reset) + len(inactive) + active != self.num_blocks:
             raise AccountingError("pool: reset + inactive + active != total")
