@@ -1,7 +1,7 @@
 """Simulator speed on standard workloads (issue #8's benchmark), against the performance targets of issue #4.
 
     python -m experiments.bench [cases=chat,pd,offline] [sizes=10000,100000] [repeats=3]
-                                [big_repeats=1] [load=0.7] [baseline=key=value,...]
+                                [big_repeats=1] [scaling=auto] [load=0.7] [baseline=key=value,...]
                                 [world=key=value,...] [report=PATH] [dry_run=false]
                                 [chat_sizes=...] [pd_sizes=...] [offline_sizes=...]
 
@@ -21,6 +21,14 @@ every other size ``repeats`` times. ``<case>_sizes=`` sets one case's sizes; wit
 case runs ``sizes``, except that the offline batch runs 1000,10000 while ``sizes`` is left
 at its default: its cost per request grows with the batch (see NOMINAL), so 100k would
 take hours.
+
+``scaling=paired`` (the default, ``auto``, on a machine with two or more CPUs) runs each
+run of the largest size pinned to one CPU while the smallest size runs back to back on
+another, and takes the scaling ratio from those side-by-side runs
+(``experiments.bench_paired`` says why: this machine drifts by more than the 10% the
+target allows between runs minutes apart); the rows of the largest size are then not solo
+figures and the table says so. ``scaling=sequential`` (``auto`` on one CPU) compares the
+medians of the sizes' own runs, made one after another.
 
 ``baseline=`` takes WorldConfig overrides (``baseline=fast_decode=false``,
 ``baseline=monitors=false,transfer=modeled``): every run is repeated with them, each
@@ -45,6 +53,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.bench_paired import PairedRun, PairedRunFailed, last_json_line, run_paired, usable_cpus
 from experiments.bench_one import CASES, format_world_overrides, parse_world_overrides, saturation, world_config
 from experiments.cli import main_guard, parse_overrides, write_report
 from openinfer.errors import require
@@ -70,6 +79,7 @@ DEFAULT_SIZES = {"offline": "1000,10000"}
 # terminal bound (checked at the end of the run, after every request completed).
 EXPECTED_VIOLATIONS = {"offline": ("bounded_terminal_event",)}
 
+SCALING_METHODS = ("auto", "paired", "sequential")
 MEDIAN_KEYS = ("wall_s", "cpu_s", "requests_per_s", "requests_per_cpu_s", "steps_per_s", "sim_to_wall",
                "sim_s", "steps", "peak_rss_mb", "completed", "hit_rate", "mean_ttft_ms", "mean_tpot_ms")
 
@@ -87,6 +97,7 @@ class BenchConfig:
     offline_sizes: str | None = None   # None: 1000,10000 (see NOMINAL)
     repeats: int = 3
     big_repeats: int = 1
+    scaling: str = "auto"              # paired | sequential | auto (paired with >= 2 CPUs)
     load: float = 0.7
     seed: int = 0
     baseline: str | None = None
@@ -112,6 +123,9 @@ class BenchConfig:
         require(isinstance(self.big_repeats, int) and self.big_repeats >= 1, "big_repeats", self.big_repeats,
                 "an int >= 1 (runs of the largest size, when there are two or more sizes)")
         require(0 < self.load <= 2, "load", self.load, "a number in (0, 2] (× the estimated saturation rate)")
+        require(self.scaling in SCALING_METHODS, "scaling", self.scaling, f"one of {', '.join(SCALING_METHODS)}")
+        require(self.scaling != "paired" or len(usable_cpus()) >= 2, "scaling", self.scaling,
+                "sequential or auto on this machine: paired needs two CPUs and this process may use one")
         self.ours, self.base  # noqa: B018 -- parse both now: a bad override stops the command here
 
     @property
@@ -134,10 +148,16 @@ class BenchConfig:
             return None
         return {**self.ours, **parse_world_overrides(self.baseline, "baseline")}
 
-    def repeats_for(self, case: str, n: int) -> int:
+    @property
+    def paired(self) -> bool:
+        return self.scaling == "paired" or (self.scaling == "auto" and len(usable_cpus()) >= 2)
+
+    def is_big(self, case: str, n: int) -> bool:
         sizes = self.sizes_for(case)
-        big = len(sizes) >= 2 and n == sizes[-1]
-        return self.big_repeats if big else self.repeats
+        return len(sizes) >= 2 and n == sizes[-1]
+
+    def repeats_for(self, case: str, n: int) -> int:
+        return self.big_repeats if self.is_big(case, n) else self.repeats
 
 
 @dataclass(frozen=True)
@@ -192,19 +212,37 @@ class RunFailed(RuntimeError):
     pass
 
 
-def run_job(job: Job, seed: int) -> dict[str, Any]:
-    """One run in a fresh interpreter: its JSON line, with the peak RSS of that process."""
-    argv = job.argv(seed)
+def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    p = subprocess.run(argv, capture_output=True, text=True, env=env)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        cmd = " ".join(argv[1:])
-        raise RunFailed(f"{job.case} {job.size} {job.side} run {job.repeat + 1} failed (exit {p.returncode}): "
-                        f"{p.stderr.strip()[-1500:]}\n  replay: python {cmd[3:] if cmd.startswith('-m ') else cmd}")
-    return json.loads(lines[-1])
+    return env
+
+
+def _failed(job: Job, argv: list[str], returncode: int, stderr: str) -> RunFailed:
+    cmd = " ".join(argv[1:])
+    return RunFailed(f"{job.case} {job.size} {job.side} run {job.repeat + 1} failed (exit {returncode}): "
+                     f"{stderr.strip()[-1500:]}\n  replay: python {cmd[3:] if cmd.startswith('-m ') else cmd}")
+
+
+def run_job(job: Job, seed: int) -> dict[str, Any]:
+    """One run in a fresh interpreter: its JSON line, with the peak RSS of that process."""
+    argv = job.argv(seed)
+    p = subprocess.run(argv, capture_output=True, text=True, env=_child_env())
+    res = last_json_line(p.stdout)
+    if p.returncode != 0 or res is None:
+        raise _failed(job, argv, p.returncode, p.stderr)
+    return res
+
+
+def run_job_paired(job: Job, companion: Job, seed: int) -> PairedRun:
+    """``job`` on one CPU with ``companion`` (the case's smallest size) back to back beside it."""
+    cpus = usable_cpus()
+    try:
+        return run_paired(job.argv(seed), companion.argv(seed), _child_env(), (cpus[0], cpus[1]))
+    except PairedRunFailed as err:
+        which = job if err.which == "big" else companion
+        raise _failed(which, err.argv, err.returncode, str(err).partition(": ")[2]) from None
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -240,14 +278,25 @@ def bench(cfg: BenchConfig, log: Any = sys.stderr) -> dict[str, Any]:
         cases={})
     scale: dict[tuple[str, str], float] = {}
     runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    pairs: dict[tuple[str, str], list[PairedRun]] = {}
     for i, job in enumerate(jobs):
-        r = run_job(job, cfg.seed)
+        beside = ""
+        if cfg.paired and cfg.is_big(job.case, job.size):
+            small = Job(job.case, cfg.sizes_for(job.case)[0], job.side, job.repeat, job.overrides, job.qps)
+            pair = run_job_paired(job, small, cfg.seed)
+            pairs.setdefault((job.case, job.side), []).append(pair)
+            r = pair.big
+            beside = f", beside {len(pair.companions)} runs of {small.size} (+{pair.overhang} cut off)"
+            if not all(complete(x) for x in pair.companions):
+                beside += " INCOMPLETE companion"
+        else:
+            r = run_job(job, cfg.seed)
         runs.setdefault((job.case, job.size, job.side), []).append(r)
         scale[(job.case, job.side)] = r["wall_s"] / model_s(job.case, job.size)
         left = sum(estimate_s(j, scale) for j in jobs[i + 1:])
         flag = "" if complete(r) else f"  INCOMPLETE {r['completed']}/{r['requests']} {r['violation'] or ''}"
         print(f"bench [{i + 1}/{len(jobs)}] {job.case} {job.size} {job.side} #{job.repeat + 1}: "
-              f"{r['wall_s']:.1f} s, {r['requests_per_s']:.0f} req/s, {r['peak_rss_mb']:.0f} MB; "
+              f"{r['wall_s']:.1f} s, {r['requests_per_s']:.0f} req/s, {r['peak_rss_mb']:.0f} MB{beside}; "
               f"~{_fmt_s(left)} left{flag}", file=log, flush=True)
     for case in cfg.case_list:
         c: dict[str, Any] = dict(rates={k: (None if v == float("inf") else round(v, 4)) for k, v in rates[case].items()},
@@ -263,14 +312,20 @@ def bench(cfg: BenchConfig, log: Any = sys.stderr) -> dict[str, Any]:
             c["sizes"][str(n)] = row
         if len(sizes) >= 2:
             lo, hi = sizes[0], sizes[-1]
-            c["scaling"] = dict(small=lo, big=hi, ratio=_scaling(c, lo, hi, "median"),
-                                cpu_ratio=_scaling(c, lo, hi, "median", "cpu_s"))
-            if cfg.base is not None:
-                c["scaling"]["baseline_ratio"] = _scaling(c, lo, hi, "baseline")
+            if cfg.paired:
+                c["scaling"] = _paired_scaling(pairs[(case, "ours")], lo, hi)
+                if cfg.base is not None:
+                    c["scaling"]["baseline_ratio"] = _paired_scaling(pairs[(case, "baseline")], lo, hi)["ratio"]
+            else:
+                c["scaling"] = dict(method="sequential", small=lo, big=hi, ratio=_scaling(c, lo, hi, "median"),
+                                    cpu_ratio=_scaling(c, lo, hi, "median", "cpu_s"))
+                if cfg.base is not None:
+                    c["scaling"]["baseline_ratio"] = _scaling(c, lo, hi, "baseline")
         out["cases"][case] = c
     out["checks"] = checks(out)
-    out["all_completed"] = all(row["median"]["all_completed"] and row.get("baseline", row)["median"]["all_completed"]
-                               for c in out["cases"].values() for row in c["sizes"].values())
+    out["all_completed"] = (all(row["median"]["all_completed"] and row.get("baseline", row)["median"]["all_completed"]
+                                for c in out["cases"].values() for row in c["sizes"].values())
+                            and all(complete(x) for ps in pairs.values() for p in ps for x in p.companions))
     out["wall_s_total"] = round(time.perf_counter() - started, 1)
     out["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
@@ -296,6 +351,19 @@ def _scaling(c: dict[str, Any], lo: int, hi: int, side: str, key: str = "wall_s"
     return per_req(hi) / per_req(lo)
 
 
+def _paired_scaling(pairs: list[PairedRun], lo: int, hi: int) -> dict[str, Any]:
+    """The median over the big size's paired runs of each one's per-request ratio (None
+    when no small run fitted inside a big one: the sizes are too close for pairing)."""
+    def med(key: str) -> float | None:
+        vals = [r for r in (p.ratio(hi, lo, key) for p in pairs) if r is not None]
+        return statistics.median(vals) if vals else None
+    return dict(method="paired", small=lo, big=hi, ratio=med("wall_s"), cpu_ratio=med("cpu_s"),
+                pairs=[dict(cpus=list(p.cpus), big_wall_s=p.big["wall_s"], big_cpu_s=p.big["cpu_s"],
+                            overhang=p.overhang, ratio=p.ratio(hi, lo, "wall_s"), cpu_ratio=p.ratio(hi, lo, "cpu_s"),
+                            companions=[dict(wall_s=x["wall_s"], cpu_s=x["cpu_s"], completed=x["completed"])
+                                        for x in p.companions]) for p in pairs])
+
+
 def checks(out: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target of the issue: what was measured and PASS / MISS, or why it was not."""
     res: list[dict[str, Any]] = []
@@ -314,16 +382,23 @@ def checks(out: dict[str, Any]) -> list[dict[str, Any]]:
     if not sc or sc["small"] != TARGET_RPS_SIZE or sc["big"] != TARGET_LINEAR_SIZE:
         res.append(dict(target=name, measured=sc["ratio"] if sc else None, passed=None,
                         note=f"not measured: needs cases=chat and sizes={TARGET_RPS_SIZE},{TARGET_LINEAR_SIZE}"
-                        + (f" (have {sc['big']} over {sc['small']}: {sc['ratio']:.2f})" if sc else "")))
+                        + (f" (have {sc['big']} over {sc['small']}: {_ratio(sc['ratio'])})" if sc else "")))
+    elif sc["ratio"] is None:
+        res.append(dict(target=name, measured=None, passed=None,
+                        note="not measured: no small run fitted inside a big one (scaling=sequential compares solo runs)"))
     else:
         res.append(dict(target=name, measured=round(sc["ratio"], 3), passed=sc["ratio"] <= LINEAR_MAX,
-                        note=f"{sc['ratio']:.2f}"))
+                        note=f"{sc['ratio']:.2f} ({sc['method']})"))
     for case, c in out["cases"].items():
         peak = max(row["median"]["peak_rss_mb_max"] for row in c["sizes"].values())
         at = max(c["sizes"], key=lambda n: c["sizes"][n]["median"]["peak_rss_mb_max"])
         res.append(dict(target=f"{case} peak RSS <= {TARGET_PEAK_MB / 1000:g} GB", measured=round(peak, 1),
                         passed=peak <= TARGET_PEAK_MB, note=f"{peak:,.0f} MB at {int(at):,} requests (max over runs)"))
     return res
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _verdict(p: bool | None) -> str:
@@ -368,10 +443,16 @@ def table(out: dict[str, Any]) -> list[str]:
                  "ru_maxrss, 10^6 bytes")
     sc = [(case, c["scaling"]) for case, c in out["cases"].items() if "scaling" in c]
     if sc:
-        parts = [f"{case} {s['ratio']:.2f} ({s['big']} over {s['small']}; CPU time {s['cpu_ratio']:.2f}"
-                 + (f"; baseline {s['baseline_ratio']:.2f})" if "baseline_ratio" in s else ")") for case, s in sc]
+        parts = [f"{case} {_ratio(s['ratio'])} ({s['big']} over {s['small']}; CPU time {_ratio(s['cpu_ratio'])}"
+                 + (f"; baseline {_ratio(s['baseline_ratio'])})" if "baseline_ratio" in s else ")") for case, s in sc]
         lines.append("scaling, per-request wall cost at the largest size over the smallest (1.00 = linear): "
                      + ", ".join(parts))
+        for case, s in sc:
+            if s["method"] == "paired":
+                n = [len(p["companions"]) for p in s["pairs"]]
+                lines.append(f"  {case}: side by side, each {s['big']} run on CPU {s['pairs'][0]['cpus'][0]} with "
+                             f"{'/'.join(map(str, n))} runs of {s['small']} inside it on CPU {s['pairs'][0]['cpus'][1]}"
+                             f" (median of those); the {s['big']} row is those shared-machine runs, not a solo figure")
     for case, c in out["cases"].items():
         for n, row in c["sizes"].items():
             for side, m in (("", row["median"]), (" baseline", row.get("baseline", {}).get("median"))):
@@ -400,7 +481,9 @@ def print_plan(cfg: BenchConfig, jobs: list[Job], log: Any) -> None:
     per_case = "; ".join(f"{c} " + ", ".join(f"{n} x{cfg.repeats_for(c, n)}" for n in cfg.sizes_for(c))
                          for c in cfg.case_list)
     print(f"bench: {len(jobs)} runs ({per_case}{'; each with its baseline' if cfg.base is not None else ''}); "
-          f"estimated {_fmt_s(total)} on this 2-core machine at today's simulator speed", file=log, flush=True)
+          f"estimated {_fmt_s(total)} on this 2-core machine at today's simulator speed"
+          + ("; the largest size of each case beside runs of its smallest on the other CPU" if cfg.paired else ""),
+          file=log, flush=True)
 
 
 def cli(argv: list[str]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from experiments import bench, bench_sim
 from experiments.bench import BenchConfig
+from experiments.bench_paired import usable_cpus
 from experiments.cli import parse_overrides
 from openinfer.errors import ConfigError
 
@@ -54,7 +55,7 @@ def test_all_cases_with_baseline(tmp_path: Path) -> None:
 
 
 def test_two_sizes_scaling_and_no_ratio_without_baseline(tmp_path: Path) -> None:
-    p, rep = _run(tmp_path, "cases=chat", "sizes=40,20", "repeats=2", "big_repeats=1")
+    p, rep = _run(tmp_path, "cases=chat", "sizes=40,20", "repeats=2", "big_repeats=1", "scaling=sequential")
     assert "ours/base" not in p.stdout and "scaling, per-request wall cost" in p.stdout
     c = rep["cases"]["chat"]
     assert set(c["sizes"]) == {"20", "40"}
@@ -62,6 +63,23 @@ def test_two_sizes_scaling_and_no_ratio_without_baseline(tmp_path: Path) -> None
     assert "baseline" not in c["sizes"]["20"] and rep["baseline_world"] is None
     s = c["scaling"]
     assert (s["small"], s["big"]) == (20, 40) and s["ratio"] > 0 and s["cpu_ratio"] > 0 and "baseline_ratio" not in s
+    assert s["method"] == "sequential" and "side by side" not in p.stdout
+
+
+@pytest.mark.skipif(len(usable_cpus()) < 2, reason="pairing needs two CPUs")
+def test_paired_scaling_runs_the_small_size_beside_the_big_one(tmp_path: Path) -> None:
+    p, rep = _run(tmp_path, "cases=chat", "sizes=20,3000", "repeats=1", "scaling=paired")
+    s = rep["cases"]["chat"]["scaling"]
+    assert s["method"] == "paired" and len(s["pairs"]) == 1
+    (pair,) = s["pairs"]
+    assert pair["companions"], "a 20-request run fits inside a 3000-request one"
+    assert all(x["completed"] == 20 for x in pair["companions"])
+    small_per_req = sorted(x["wall_s"] for x in pair["companions"])[(len(pair["companions"]) - 1) // 2] / 20
+    assert s["ratio"] > 0 and s["cpu_ratio"] > 0 and pair["big_wall_s"] == rep["cases"]["chat"]["sizes"]["3000"][
+        "runs"][0]["wall_s"]
+    if len(pair["companions"]) % 2:  # an odd count: the median is one of them
+        assert s["ratio"] == pytest.approx(pair["big_wall_s"] / 3000 / small_per_req)
+    assert "side by side" in p.stdout and "beside" in p.stderr
 
 
 @pytest.mark.parametrize("arg, field", [
@@ -70,6 +88,7 @@ def test_two_sizes_scaling_and_no_ratio_without_baseline(tmp_path: Path) -> None
     ("baseline=nonsense", "baseline"), ("baseline=no_such_field=1", "baseline.no_such_field"),
     ("baseline=monitors=maybe", "baseline.monitors"), ("baseline=num_blocks=1", "baseline.num_blocks"),
     ("baseline=variant=bogus", "baseline.variant"), ("world=transfer=x", "world.transfer"),
+    ("scaling=both", "scaling"),
     ("frobnicate=1", "frobnicate"),
 ])
 def test_bad_input_names_the_field(arg: str, field: str) -> None:
