@@ -42,7 +42,6 @@ is reported, not an error.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
