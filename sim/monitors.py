@@ -203,18 +203,24 @@ class Monitor:
         self._check_liveness()
 
     def _check_holds(self) -> None:
-        for p in (*self.engine.deferred, *self.engine.prefilling):
-            pre = p.kv_prefix
-            if pre.released or pre.hold is None:
-                continue
-            for i, page in enumerate(pre.hold.held.pages):
-                if self.pool.refcount(page) < 1 or self.pool.block_hash(page) != pre.hold.seq_hashes[i]:
-                    self.fail("held_page_integrity", f"r{p.id}'s held page {page} (block {i}) was evicted or reused")
+        e = self.engine
+        for queue in (e.deferred, e.prefilling):
+            for p in queue:
+                pre = p.kv_prefix
+                if pre.released or pre.hold is None:
+                    continue
+                for i, page in enumerate(pre.hold.held.pages):
+                    if self.pool.refcount(page) < 1 or self.pool.block_hash(page) != pre.hold.seq_hashes[i]:
+                        self.fail("held_page_integrity",
+                                  f"r{p.id}'s held page {page} (block {i}) was evicted or reused")
 
     def _check_snapshot(self) -> None:
         e = self.engine
+        owed = len(e.deferred) + e.hub.in_flight()
+        if not owed:  # nothing the snapshot must count as waiting
+            return
         snap = e.snapshot()
-        if snap.waiting < len(e.deferred) + e.hub.in_flight():
+        if snap.waiting < owed:
             self.fail("load_snapshot_counts_resolves",
                       f"waiting={snap.waiting} but {len(e.deferred)} deferred + {e.hub.in_flight()} resolving")
 

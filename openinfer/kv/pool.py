@@ -211,29 +211,30 @@ class BlockPool:
         pages: list[int] = []
         primary = self._primary
         if within_headroom:
-            # headroom() read once and counted down: within this loop only taking an
-            # inactive page (refcount 0) changes it, by one (the floor does not move). Each
-            # page is taken before the next is looked at, so a repeated page sees its new
-            # refcount, as one ``acquire`` per page would (a probe matches tens of pages).
-            refs, acquire_all = self._refs, self.acquire_all
+            # headroom() read once and counted down: taking an inactive page (refcount 0)
+            # lowers it by one and nothing else in this loop moves it (the floor does not).
+            # A page met twice is taken once from the inactive pool, so it is counted once,
+            # exactly as acquiring page by page would count it.
+            refs = self._refs
             headroom = self.headroom()
+            taken_inactive: set[int] = set()
             for h in hashes:
                 page = primary.get(h)
                 if page is None:
                     break
-                if refs[page] == 0:
+                if refs[page] == 0 and page not in taken_inactive:
                     if headroom < 1:
                         break
                     headroom -= 1
-                acquire_all((page,))
+                    taken_inactive.add(page)
                 pages.append(page)
-        else:  # acquiring never changes the radix: find the prefix, then take it
+        else:
             for h in hashes:
                 page = primary.get(h)
                 if page is None:
                     break
                 pages.append(page)
-            self.acquire_all(pages)
+        self.acquire_all(pages)  # acquiring never changes the radix: find the prefix, then take it
         self.counters.matches += 1
         self.counters.matched_blocks += len(pages)
         return pages

@@ -6,7 +6,11 @@ same rules are checked end to end through the engine.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sched_helpers import BS, make_engine, only_terminal, prompt, sink
 from openinfer.kv import BlockPool, RequestKv, SaveCursor, probe_prefix, salt_hash
@@ -294,3 +298,13 @@ def test_rejected_request_drops_its_prefix_hold() -> None:
     again = rig.submit(prompt(49, 1), 2)              # and the prefix is still matchable
     rig.run()
     assert next(e for e in again.events if e.kind is EventKind.SCHEDULED).cached_tokens == 48
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 5000), m=st.integers(1, 5000), gen=st.integers(0, 5000),
+       bs=st.sampled_from([1, 2, 16, 64, 128]))
+def test_future_draws_of_a_running_row_is_its_lifetime_less_its_written_pages(n: int, m: int, gen: int,
+                                                                                bs: int) -> None:
+    """future_draws writes the two formulas out for speed: it must stay equal to them."""
+    row = SimpleNamespace(req=SimpleNamespace(prompt=[0] * n, max_tokens=m), generated=gen)
+    assert future_draws([row, row], [], bs) == 2 * (lifetime_blocks(n, m, bs) - ceil_div(n + gen - 1, bs))
