@@ -54,8 +54,8 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_
     if start >= n_full:
         return []
     stride = block_size * 8
-    if raw is None:
-        raw = array("q", tokens[start * block_size:n_full * block_size]).tobytes()
+    if raw is None:  # a decode step's completed block, mostly: one block's tokens
+        raw = token_bytes(tokens[start * block_size:n_full * block_size])
         offset = 0
     else:
         offset = start * stride
