@@ -66,8 +66,8 @@ LINEAR_MAX = 1.10          # "linear": per-request cost at 100k at most 10% abov
 TARGET_PEAK_MB = 1500.0    # 1.5 GB = 1,500 MB of 10^6 bytes
 
 # Wall seconds of one run of n requests on this 2-core machine (2026-12-03, fitted to 1k
-# and 10k runs; chat 2026-12-04, its 10k runs then), for the time estimate only: n / rate + quad * n^2. The offline batch is
-# superlinear (admission walks the whole waiting queue on every scheduler pass), which is
+# and 10k runs; chat 2026-12-04, its 10k runs then), for the time estimate only:
+# n / rate + quad * n^2. The offline batch is superlinear (admission walks the whole waiting queue on every scheduler pass), which is
 # why its default sizes stop at 10k: 100k would take hours. The progress lines rescale the
 # model by what the runs measure as they finish.
 NOMINAL = {"chat": (850.0, 0.0), "pd": (130.0, 0.0), "offline": (460.0, 1.35e-6)}
@@ -241,7 +241,7 @@ def run_job_paired(job: Job, companion: Job, seed: int) -> PairedRun:
         return run_paired(job.argv(seed), companion.argv(seed), _child_env(), (cpus[0], cpus[1]))
     except PairedRunFailed as err:
         which = job if err.which == "big" else companion
-        raise _failed(which, err.argv, err.returncode, str(err).partition(": ")[2]) from None
+        raise _failed(which, err.argv, err.returncode, err.stderr) from None
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def last_json_line(stdout: str) -> dict[str, Any] | None:
 class PairedRunFailed(RuntimeError):
     def __init__(self, which: str, argv: list[str], returncode: int, stderr: str) -> None:
         super().__init__(f"{which} run failed (exit {returncode}): {stderr.strip()[-1500:]}")
-        self.which, self.argv, self.returncode = which, argv, returncode
+        self.which, self.argv, self.returncode, self.stderr = which, argv, returncode, stderr
 
 
 @dataclass
