@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Generator, Iterable
+from functools import partial
 from heapq import heappop, heappush
 from typing import Any
 
@@ -107,6 +108,12 @@ class Runtime:
     def __init__(self, env: OrderedEnvironment, seed: int) -> None:
         self.env = env
         self.seed = seed
+        if type(env).now is simpy.Environment.now:
+            # ``now`` is read a few hundred times per simulated request (every event sent,
+            # every save, every copy): as a C-level read of ``env._now`` instead of this
+            # method calling SimPy's property (two Python frames). An environment that
+            # moves its clock its own way (a ``now`` of its own) keeps the method.
+            self.now = partial(getattr, env, "_now")  # type: ignore[method-assign]
 
     # -- time -------------------------------------------------------------------------
     def now(self) -> float:
