@@ -32,15 +32,21 @@ _SM_C0, _SM_C1, _SM_C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4
 _U21, _U27, _U30, _U31 = np.uint64(21), np.uint64(27), np.uint64(30), np.uint64(31)
 
 
-def splitmix64_array(x: np.ndarray) -> np.ndarray:
+def splitmix64_array(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
     """:func:`_splitmix64` over a uint64 array, in place (numpy's uint64 arithmetic wraps
-    mod 2^64, as the Python version's masks do)."""
+    mod 2^64, as the Python version's masks do). ``scratch``: a uint64 array of x's shape
+    for the shifted terms, so a caller that runs this every step (the decode rows' tokens)
+    does not allocate three temporaries per call (numpy's per-call cost, not the
+    arithmetic, is what a step's few dozen rows pay for)."""
+    if scratch is None:
+        scratch = np.empty_like(x)
+    shift = np.right_shift
     x += _SM_C0
-    x ^= x >> _U30
+    x ^= shift(x, _U30, out=scratch)
     x *= _SM_C1
-    x ^= x >> _U27
+    x ^= shift(x, _U27, out=scratch)
     x *= _SM_C2
-    x ^= x >> _U31
+    x ^= shift(x, _U31, out=scratch)
     return x
 
 
@@ -80,6 +86,8 @@ class FakeExecutor:
         self.keep_log = keep_log
         self._high_for: np.ndarray | None = None  # decode_tokens' cache: ids -> seed/id bits
         self._high: np.ndarray | None = None
+        self._scratch: np.ndarray | None = None   # decode_tokens' splitmix scratch, per id array
+        self._vocab_u64 = np.uint64(vocab_size)
 
     def token(self, req_id: int, position: int) -> int:
         tok = _splitmix64((self.seed << 42) ^ (req_id << 21) ^ position) % self.vocab_size
@@ -168,12 +176,15 @@ class FakeExecutor:
         if rids is not self._high_for:  # the cohort keeps one id array until its rows change
             self._high_for = rids
             self._high = np.uint64((self.seed << 42) & _MASK64) ^ (rids.astype(np.uint64) << _U21)
+            self._scratch = np.empty(len(rids), dtype=np.uint64)
         position = batch.positions + 1
-        x = splitmix64_array(self._high ^ position.view(np.uint64))
-        x %= np.uint64(self.vocab_size)
+        x = splitmix64_array(self._high ^ position.view(np.uint64), self._scratch)
+        x %= self._vocab_u64
         tok = x.view(np.int64)
         eos = self.eos_token
-        if eos < self.vocab_size and eos in tok:  # ``in``: one C-level pass, no mask kept
+        # count_nonzero of the mask: a third of the cost of ``eos in tok`` (which reduces
+        # the same mask with ``any``, numpy's general reduction machinery)
+        if eos < self.vocab_size and np.count_nonzero(tok == eos):
             tok[tok == eos] = (eos + 1) % self.vocab_size
         stop = self.stop_after
         if stop:
