@@ -331,12 +331,13 @@ class BlockPool:
             raise AccountingError("pool: negative entitlement")
 
 
-@dataclass
+@dataclass(slots=True)
 class PageRefs:
     """Strong references owned by one holder (a prefix hold, a save guard, a reservation).
 
     Released exactly once; a second release raises, because in the Rust original the
-    owner is dropped once and a double drop would be a double free.
+    owner is dropped once and a double drop would be a double free. Slotted: every save
+    guards its pages with one.
     """
 
     pool: BlockPool

@@ -40,6 +40,7 @@ class PoolAudit:
         pool = self.pool
         pages, hashes = pool.take_touched()
         refs, page_hash, primary, inactive = pool._refs, pool._hash, pool._primary, pool._inactive
+        primary_of = primary.get
         active = self._active
         n_active = self._n_active
         add_hash = hashes.add
@@ -47,6 +48,11 @@ class PoolAudit:
         for p in pages:  # the monitors run this after every event: one branch per refcount sign
             r = refs[p]
             h = page_hash[p]
+            # A touched page is mostly its hash's primary; then the radix check of that
+            # hash (below) is about this very page, and is made here from what is already
+            # read: its entry names it back (h is its hash), so it is stale only if the
+            # page is free outside the inactive pool. Any other hash waits for the loop.
+            own = h is not None and primary_of(h) == p
             if r > 0:
                 if p in inactive:
                     problem = f"pool: page {p} is inactive with refcount {r}"
@@ -56,16 +62,19 @@ class PoolAudit:
             else:
                 if r < 0:
                     problem = f"pool: page {p} has refcount {r}"
-                elif p in inactive and (h is None or primary.get(h) != p):
-                    problem = f"pool: inactive page {p} is not a registered primary"
+                elif p in inactive:
+                    if not own:
+                        problem = f"pool: inactive page {p} is not a registered primary"
+                elif own:
+                    problem = f"pool: radix entry for page {p} is stale"
                 if active[p]:
                     active[p] = 0
                     n_active -= 1
-            if h is not None:
+            if h is not None and not own:
                 add_hash(h)
         self._n_active = n_active
         for h in hashes:
-            q = primary.get(h)
+            q = primary_of(h)
             if q is not None and (page_hash[q] != h or (refs[q] == 0 and q not in inactive)):
                 problem = f"pool: radix entry for page {q} is stale"
         if problem is None and len(pool._reset) + len(inactive) + n_active != pool.num_blocks:

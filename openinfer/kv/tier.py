@@ -59,9 +59,10 @@ class OpResult:
 OK = OpResult(True)
 
 
-@dataclass
+@dataclass(slots=True)
 class SaveRecord:
-    """One save submitted to a tier; ``done`` fires when its D2H landed and it is visible."""
+    """One save submitted to a tier; ``done`` fires when its D2H landed and it is visible.
+    Slotted: every sealed block of a simulation makes one."""
 
     hashes: list[BlockHash]
     done: Process
