@@ -149,7 +149,7 @@ class RequestKv:
         if len(self.tokens) != pos + 1:
             raise AccountingError("schedule_decode needs exactly one token without KV")
         if (pos + 1) // self.block_size + 1 > len(self.pages):  # ceil((pos + 2) / bs) pages
-            if not self._draw(ceil_div(pos + 2, self.block_size)):
+            if not self._draw(-(-(pos + 2) // self.block_size)):  # ceil_div, inline
                 return False
         else:
             self._drawn = _NONE_DRAWN
@@ -255,8 +255,10 @@ class RequestKv:
         """An admitted request's resident pages went from ``before`` to now: move the
         entitlement counter by the change in its remaining draw (never below zero: the
         eager page can overshoot)."""
-        before_rem = max(0, self.lifetime_blocks - before)
-        after_rem = max(0, self.lifetime_blocks - len(self.pages))
+        life = self.lifetime_blocks  # comparisons, not max() calls: once per page drawn
+        before_rem = life - before if life > before else 0
+        after = len(self.pages)
+        after_rem = life - after if life > after else 0
         self.pool.entitle(after_rem - before_rem)
 
 

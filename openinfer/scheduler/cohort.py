@@ -88,8 +88,16 @@ class DecodeCohort:
         whose schedule draws a page, whose apply completes a block, or its last token."""
         kv, bs = a.kv, self.bs
         p = kv.kv_position
-        j = min((kv.registered + 1) * bs - p, len(kv.pages) * bs - p, kv.max_tokens - a.generated)
-        step = self.step + max(1, j)
+        # min(next block end, end of the drawn pages, last token), at least one step on;
+        # as comparisons, not min()/max() calls: this runs once per row per block
+        j = (kv.registered + 1) * bs - p
+        k = len(kv.pages) * bs - p
+        if k < j:
+            j = k
+        k = kv.max_tokens - a.generated
+        if k < j:
+            j = k
+        step = self.step + (j if j > 1 else 1)
         bucket = self.due.get(step)
         if bucket is None:
             self.due[step] = [a]
