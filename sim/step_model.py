@@ -79,7 +79,7 @@ class RooflineStepModel:
         """``breakdown(f).total_s`` (the same sum), without building the frozen breakdown:
         this runs every simulated step."""
         compute, memory = self._compute_memory(f)
-        return self._overhead + max(compute, memory)
+        return self._overhead + (memory if memory > compute else compute)  # max(), once a step
 
     def step_time(self, plan: StepPlan) -> float:
         return self.features_time(step_features(plan, self.pad_unified))

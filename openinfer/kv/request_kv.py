@@ -28,7 +28,8 @@ def ceil_div(a: int, b: int) -> int:
 
 def lifetime_blocks(prompt: int, max_tokens: int, block_size: int) -> int:
     """Pages a request may draw over its life: kvbm's peak (#335)."""
-    return max(1, ceil_div(prompt if max_tokens <= 1 else prompt + max_tokens, block_size))
+    blocks = ceil_div(prompt if max_tokens <= 1 else prompt + max_tokens, block_size)
+    return blocks if blocks > 1 else 1  # max(1, blocks) without a max() call: admission asks per request
 
 
 _NONE_DRAWN: tuple[int, ...] = ()  # shared "no pages drawn": most steps draw none
@@ -84,7 +85,8 @@ class RequestKv:
 
     @property
     def remaining_blocks(self) -> int:
-        return max(0, self.lifetime_blocks - self.resident_blocks)
+        rem = self.lifetime_blocks - len(self.pages)
+        return rem if rem > 0 else 0
 
     @property
     def prefill_done(self) -> bool:
