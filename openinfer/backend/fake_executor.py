@@ -28,8 +28,18 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-_SM_C0, _SM_C1, _SM_C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_U21, _U27, _U30, _U31 = np.uint64(21), np.uint64(27), np.uint64(30), np.uint64(31)
+def _u64(v: int) -> np.ndarray:
+    """``v`` as a 0-d uint64 array: the operand form a ufunc takes without converting it.
+    A numpy scalar (``np.uint64(v)``) is converted to an array on every call
+    (``PyArray_FromAny``); the per-step arithmetic below makes about a dozen such calls
+    on a few dozen rows, so the conversion was a third of each call. Same dtype, same
+    wrapping arithmetic, same bits."""
+    return np.array(v, dtype=np.uint64)
+
+
+_SM_C0, _SM_C1, _SM_C2 = _u64(0x9E3779B97F4A7C15), _u64(0xBF58476D1CE4E5B9), _u64(0x94D049BB133111EB)
+_U21, _U27, _U30, _U31 = _u64(21), _u64(27), _u64(30), _u64(31)
+_ONE = np.array(1, dtype=np.int64)  # a decode row's next position, as a 0-d operand too
 
 
 def splitmix64_array(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
@@ -87,7 +97,7 @@ class FakeExecutor:
         self._high_for: np.ndarray | None = None  # decode_tokens' cache: ids -> seed/id bits
         self._high: np.ndarray | None = None
         self._scratch: np.ndarray | None = None   # decode_tokens' splitmix scratch, per id array
-        self._vocab_u64 = np.uint64(vocab_size)
+        self._vocab_u64 = _u64(vocab_size)
 
     def token(self, req_id: int, position: int) -> int:
         tok = _splitmix64((self.seed << 42) ^ (req_id << 21) ^ position) % self.vocab_size
@@ -175,9 +185,9 @@ class FakeExecutor:
         rids = batch.req_ids
         if rids is not self._high_for:  # the cohort keeps one id array until its rows change
             self._high_for = rids
-            self._high = np.uint64((self.seed << 42) & _MASK64) ^ (rids.astype(np.uint64) << _U21)
+            self._high = _u64((self.seed << 42) & _MASK64) ^ (rids.astype(np.uint64) << _U21)
             self._scratch = np.empty(len(rids), dtype=np.uint64)
-        position = batch.positions + 1
+        position = batch.positions + _ONE
         x = splitmix64_array(self._high ^ position.view(np.uint64), self._scratch)
         x %= self._vocab_u64
         tok = x.view(np.int64)
