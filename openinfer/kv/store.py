@@ -234,8 +234,8 @@ class KvStore:
         self.stats.saves_submitted += 1
         rec = tier.save(pages, hashes, guards)
         cursor.records.append(rec)
-        for obs in self.observers:
-            obs("save_submitted", dict(record=rec))
+        for obs in self.observers:  # a literal, not dict(record=...): a keyword call per save
+            obs("save_submitted", {"record": rec})
         if cls is SaveClass.HANDOFF:
             cursor.pending.append(rec.done)
 
