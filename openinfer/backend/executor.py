@@ -58,15 +58,16 @@ class DecodeBatch:
     building any. ``make_rows`` builds the rows (the scheduler brings the requests' KV
     up to date first)."""
 
-    __slots__ = ("req_ids", "positions", "num_prompt", "_make_rows", "_rows")
+    __slots__ = ("req_ids", "positions", "num_prompt", "_make_rows", "_rows", "_position_sum")
 
     def __init__(self, req_ids: Any, positions: Any, num_prompt: Any,
-                 make_rows: Callable[[], list[DecodeRow]]) -> None:
+                 make_rows: Callable[[], list[DecodeRow]], position_sum: int | None = None) -> None:
         self.req_ids = req_ids
         self.positions = positions
         self.num_prompt = num_prompt
         self._make_rows = make_rows
         self._rows: list[DecodeRow] | None = None
+        self._position_sum = position_sum  # sum(positions) when the maker keeps it (the cohort)
 
     def rows(self) -> list[DecodeRow]:
         if self._rows is None:
@@ -87,6 +88,8 @@ class DecodeBatch:
 
     @property
     def position_sum(self) -> int:
+        if self._position_sum is not None:
+            return self._position_sum
         # summed as Python ints: for a step's few dozen rows, ``tolist`` + ``sum`` costs
         # half of numpy's reduction (exact either way: int64 positions cannot overflow here)
         return sum(self.positions.tolist())

@@ -30,6 +30,7 @@ the per-row path.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,9 @@ class DecodeCohort:
         self.order: list[int] = []     # slots in row order
         self.index_of: list[int] = []  # slot -> row index
         self.rids = self.positions = self.nprompt = self.slots = np.zeros(0, dtype=np.int64)
+        # sum(positions), kept as rows come, go and advance: a step model reads it every
+        # step (DecodeBatch.position_sum), where summing the array cost a tolist and a sum
+        self.position_sum = 0
         self._eos_rows = 0             # rows without ignore_eos
         self._scheduled: list[int] = []
         self.tok_buf = np.zeros((WINDOW, 0), dtype=np.int64)
@@ -134,8 +138,9 @@ class DecodeCohort:
             self.index_of[slot] = n0 + i
         self.order.extend(new)
         self.rids = np.concatenate([self.rids, np.array([a.id for a in promoted], dtype=np.int64)])
-        self.positions = np.concatenate([self.positions, np.array([a.kv.kv_position for a in promoted],
-                                                                  dtype=np.int64)])
+        new_positions = [a.kv.kv_position for a in promoted]
+        self.position_sum += sum(new_positions)
+        self.positions = np.concatenate([self.positions, np.array(new_positions, dtype=np.int64)])
         self.nprompt = np.concatenate([self.nprompt, np.array([a.kv.num_prompt for a in promoted], dtype=np.int64)])
         self.slots = np.concatenate([self.slots, np.array(new, dtype=np.int64)])
 
@@ -157,6 +162,7 @@ class DecodeCohort:
         self.order = [s for i, s in enumerate(self.order) if i not in gone]
         for i, slot in enumerate(self.order):
             self.index_of[slot] = i
+        self.position_sum -= sum(self.positions[dropped].tolist())
         self.rids, self.positions = self.rids[keep], self.positions[keep]
         self.nprompt, self.slots = self.nprompt[keep], self.slots[keep]
 
@@ -236,7 +242,8 @@ class DecodeCohort:
                 return False
         pos = self.positions.copy()
         rows_now = list(active)
-        plan.decode = DecodeBatch(self.rids, pos, self.nprompt, lambda: self._rows(rows_now, pos))
+        plan.decode = DecodeBatch(self.rids, pos, self.nprompt, lambda: self._rows(rows_now, pos),
+                                  self.position_sum)
         return True
 
     def _rows(self, active: list[ActiveRequest], pos: np.ndarray) -> list[DecodeRow]:
@@ -248,9 +255,12 @@ class DecodeCohort:
 
     # -- apply ------------------------------------------------------------------------
     def apply(self, active: list[ActiveRequest], tokens: np.ndarray, now: float,
-              per_row: Callable[[ActiveRequest, int], bool]) -> list[ActiveRequest]:
-        """Apply the step's tokens (row order); ``per_row(a, tok)`` is the engine's per-row
-        path (True: the request stays active). The active list after the step."""
+              per_row: Callable[[ActiveRequest, int, float, list[Any]], bool],
+              finishes: list[Any]) -> list[ActiveRequest]:
+        """Apply the step's tokens (row order); ``per_row(a, tok, now, finishes)`` is the
+        engine's per-row path (True: the request stays active), passed with its arguments
+        rather than closed over them: a closure would be one more call per due row. The
+        active list after the step."""
         if self.k == WINDOW:
             self.sync_all()
             self.k = 0
@@ -270,6 +280,7 @@ class DecodeCohort:
         self.tok_buf[k, self.slots] = tokens
         self.time_buf[k] = now
         self.positions += _ONE
+        self.position_sum += len(self.order)
         dropped: list[int] = []
         if rows:
             toks = tokens[rows].tolist()
@@ -282,7 +293,7 @@ class DecodeCohort:
                 kv = a.kv
                 if kv.state is _IDLE:
                     kv.schedule_decode()  # draws nothing (the row was not due): the state flip
-                if per_row(a, tok):
+                if per_row(a, tok, now, finishes):
                     sync_k[slot] = k + 1
                     self.gen0[slot] = a.generated
                     if slot not in sticky:

@@ -399,8 +399,7 @@ class Engine:
         if plan.decode:
             if cohort is not None:
                 now = self.rt.now()
-                self.active = cohort.apply(self.active, result.decode_tokens, now,
-                                           lambda a, tok: self._decode_row(a, tok, now, finishes))
+                self.active = cohort.apply(self.active, result.decode_tokens, now, self._decode_row, finishes)
             else:
                 keep: list[ActiveRequest] = []
                 self._apply_decode(plan, result, finishes, keep)
