@@ -216,14 +216,22 @@ class HostTier:
     def _save_now(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> Event:
         new, slots, err = self._reserve(pages, hashes, None)
         if err is None and new:
-            copy = self.transfer.d2h([p for p, _ in new], slots)
+            new_pages = []
+            for p, _ in new:  # a loop, not a comprehension: one block mostly, and a
+                new_pages.append(p)  # comprehension is a function call of its own (3.11)
+            copy = self.transfer.d2h(new_pages, slots)
             return self.rt.then(copy, lambda: self._landed(rec, new, slots, guards, None))
         return self.rt.done(self._landed(rec, new, slots, guards, err))
 
     def _reserve(self, pages: list[int], hashes: list[BlockHash], err: str | None
                  ) -> tuple[list[tuple[int, BlockHash]], list[int], str | None]:
-        """The blocks not yet resident and the host slots they will land in (none after an error)."""
-        new = [(p, h) for p, h in zip(pages, hashes) if h not in self._slot_of]
+        """The blocks not yet resident and the host slots they will land in (none after an error).
+        Every save asks, mostly for one block: a loop, not a comprehension (a call of its own)."""
+        new = []
+        slot_of = self._slot_of
+        for p, h in zip(pages, hashes):
+            if h not in slot_of:
+                new.append((p, h))
         if err is not None or not new:
             return new, [], err
         slots = self._take_slots(len(new))

@@ -43,16 +43,16 @@ def _token_ids(prompt: list[int], vocab: int) -> bytes | None:
     """The prompt as int64 bytes if it is not empty and every token is exactly an int (not
     a bool, not a numpy scalar) in [0, vocab), else None. The types are counted in a list
     (``count`` compares by identity first: half the time of adding each to a set); the
-    range is read off the converted array (numpy's min/max: a Python ``min``/``max`` over
-    a 1k-token prompt costs more than the hashing)."""
+    range is read off the converted array by one numpy reduction (a Python ``min``/``max``
+    over a 1k-token prompt costs more than the hashing): read as uint64, a negative id is
+    above 2^63, so "the largest is below ``vocab``" is exactly "every id is in [0, vocab)"."""
     if not prompt or list(map(type, prompt)).count(int) != len(prompt):
         return None
     try:
         raw = token_bytes(prompt)
     except OverflowError:  # beyond int64: out of range
         return None
-    ids = np.frombuffer(raw, dtype=np.int64)
-    return raw if ids.min() >= 0 and ids.max() < vocab else None
+    return raw if np.frombuffer(raw, dtype=np.uint64).max() < vocab else None
 
 
 @dataclass
