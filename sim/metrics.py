@@ -78,12 +78,14 @@ def request_record(req_id: int, submitted_at: float, prompt_len: int, events: It
         rec.output_tokens = len(token_times)
         if itl_out is not None and len(token_times) > 1:
             times = np.asarray(token_times, dtype=np.float64)
-            itl_out.frombytes(np.diff(times).tobytes())
+            # np.diff's own subtraction, without its Python-level argument handling (a few
+            # microseconds a request, more than the subtraction of a few hundred times)
+            itl_out.frombytes((times[1:] - times[:-1]).tobytes())
     if terminal is not None:
         rec.status = {EventKind.FINISHED: "finished", EventKind.ERROR: "error",
                       EventKind.REJECTED: "rejected"}[terminal.kind]
         rec.ended_at = terminal.time
-        rec.finish_reason = terminal.reason.value if terminal.reason is not None else None
+        rec.finish_reason = terminal.reason._value_ if terminal.reason is not None else None
     else:
         rec.status = "aborted"
         rec.ended_at = aborted_at

@@ -277,7 +277,8 @@ class Monitor:
 
     def _on_step_start(self, d: dict[str, Any]) -> None:
         plan = d["plan"]
-        self.note(f"step {plan.kind.value} prefill={[(r.req_id, len(r.tokens)) for r in plan.prefill]} "
+        # ``_value_``: the member's value itself; ``.value`` is a descriptor call a step
+        self.note(f"step {plan.kind._value_} prefill={[(r.req_id, len(r.tokens)) for r in plan.prefill]} "
                   f"decode={len(plan.decode)}")
 
     def _on_step_failed(self, d: dict[str, Any]) -> None:
@@ -288,7 +289,7 @@ class Monitor:
     def _on_terminal(self, d: dict[str, Any]) -> None:
         ev = d["event"]
         r = self.reqs.get(ev.req_id)
-        self.note(f"{ev.kind.value} r{ev.req_id}" + (f" ({ev.message})" if ev.message else "")
+        self.note(f"{ev.kind._value_} r{ev.req_id}" + (f" ({ev.message})" if ev.message else "")
                   + (" kv_degraded" if ev.kv_degraded else ""))
         if r is None:
             return

@@ -8,6 +8,7 @@ request emit EOS at a chosen completion index, ``fail_steps`` makes chosen steps
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -119,7 +120,7 @@ class FakeExecutor:
         step = self.steps
         dt = self.step_time(plan)
         self.busy_until = started + dt
-        return rt.later(dt, lambda: self._result(plan, started, step))
+        return rt.later(dt, partial(self._result, plan, started, step))  # no lambda frame a step
 
     def _execute(self, plan: StepPlan) -> Generator[Event, Any, StepResult]:
         rt = self.rt

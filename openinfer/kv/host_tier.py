@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Generator
+from functools import partial
 from typing import Any
 
 from simpy.events import Event, Process
@@ -220,7 +221,8 @@ class HostTier:
             for p, _ in new:  # a loop, not a comprehension: one block mostly, and a
                 new_pages.append(p)  # comprehension is a function call of its own (3.11)
             copy = self.transfer.d2h(new_pages, slots)
-            return self.rt.then(copy, lambda: self._landed(rec, new, slots, guards, None))
+            # a partial, not a lambda: the landing calls _landed without a frame between
+            return self.rt.then(copy, partial(self._landed, rec, new, slots, guards, None))
         return self.rt.done(self._landed(rec, new, slots, guards, err))
 
     def _reserve(self, pages: list[int], hashes: list[BlockHash], err: str | None

@@ -215,8 +215,10 @@ class KvStore:
         """Save every newly registered block of ``kv``; never blocks. Returns blocks sealed.
 
         Call only after the producing step has synchronised: the save reads the pages.
+        Every completed block comes here, so the rank is read from the table at once
+        (``rank`` only for the error of an unknown one).
         """
-        rank = self.rank(r)
+        rank = self._ranks.get(r) or self.rank(r)
         tier = rank.tier
         if tier is None:
             return 0
