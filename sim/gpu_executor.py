@@ -29,7 +29,7 @@ class SimExecutor(FakeExecutor):
 
     def _timed(self, plan: StepPlan) -> float:
         dt = self.model.step_time(plan)
-        kind = plan.kind.value
+        kind = plan.kind._value_  # the value itself: ``.value`` is a descriptor call a step
         self.busy_s += dt
         self.busy_by_kind[kind] += dt
         self.steps_by_kind[kind] += 1

@@ -82,8 +82,10 @@ def request_record(req_id: int, submitted_at: float, prompt_len: int, events: It
             # microseconds a request, more than the subtraction of a few hundred times)
             itl_out.frombytes((times[1:] - times[:-1]).tobytes())
     if terminal is not None:
-        rec.status = {EventKind.FINISHED: "finished", EventKind.ERROR: "error",
-                      EventKind.REJECTED: "rejected"}[terminal.kind]
+        # by identity: a dict keyed by the members hashes each through Enum.__hash__ (Python)
+        kind = terminal.kind
+        rec.status = "finished" if kind is EventKind.FINISHED else "error" if kind is EventKind.ERROR \
+            else "rejected"
         rec.ended_at = terminal.time
         rec.finish_reason = terminal.reason._value_ if terminal.reason is not None else None
     else:

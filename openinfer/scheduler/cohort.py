@@ -269,7 +269,8 @@ class DecodeCohort:
         self.step += 1
         rows = self._scheduled
         self._scheduled = []
-        late = [self.index_of[s] for s in self.sticky]  # watched during the step
+        # watched during the step (mostly none: no comprehension, a call of its own, then)
+        late = [self.index_of[s] for s in self.sticky] if self.sticky else []
         if self._eos_rows:
             eos_hit = tokens == self._eos_operand
             if np.count_nonzero(eos_hit):  # = eos_hit.any(), a third of its cost
@@ -277,13 +278,14 @@ class DecodeCohort:
         if late:
             rows = sorted(set(rows).union(late))
         k = self.k
-        self.tok_buf[k, self.slots] = tokens
+        self.tok_buf[k][self.slots] = tokens  # through the row's view: a third of [k, slots]
         self.time_buf[k] = now
         self.positions += _ONE
         self.position_sum += len(self.order)
         dropped: list[int] = []
         if rows:
-            toks = tokens[rows].tolist()
+            token_at = tokens.item  # a few rows: item() each, not an index array built from the list
+            toks = [token_at(i) for i in rows]
             order, sync_k, sticky = self.order, self.sync_k, self.sticky
             for i, tok in zip(rows, toks):
                 a = active[i]

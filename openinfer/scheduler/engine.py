@@ -360,7 +360,7 @@ class Engine:
     def _apply(self, plan: StepPlan, chunks: list[PendingRequest], result: StepResult) -> None:
         finishes: list[Finish] = []
         eos = self.executor.eos_token
-        by_id = {p.id: p for p in chunks}
+        by_id = {p.id: p for p in chunks} if chunks else {}  # read only by prefill rows
         promoted: list[ActiveRequest] = []
         for row in plan.prefill:
             p = by_id[row.req_id]

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 def choose_kind(chunks: Sequence[PendingRequest], active: Sequence[ActiveRequest]) -> StepKind | None:
     """Unified when prompts and decodes can share a step; Prefill when forced or alone."""
-    needs_all_logits = any(p.req.echo and p.req.logprobs for p in chunks)
+    # asked only when there are chunks (a decode-only pass would build a generator for nothing)
+    needs_all_logits = bool(chunks) and any(p.req.echo and p.req.logprobs for p in chunks)
     if chunks and active and not needs_all_logits:
         return StepKind.UNIFIED
     if chunks:
