@@ -39,14 +39,22 @@ def validate_tokens(tokens: Sequence[int], field: str = "prompt", vocab_size: in
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_SALT,
-                 start: int = 0, parent: BlockHash | None = None, raw: bytes | None = None) -> list[BlockHash]:
+                 start: int = 0, parent: BlockHash | None = None, raw: bytes | None = None,
+                 fresh: bool = False) -> list[BlockHash]:
     """Hashes of the complete blocks of ``tokens`` from block index ``start`` on.
 
     ``parent`` is the hash of block ``start - 1`` (or the salt when ``start == 0``), so a
     caller that already hashed a prefix extends the chain without rehashing it. ``raw``:
     all of ``tokens`` as int64 bytes (``token_bytes``), when the caller already converted
     them (admission validates a prompt through that conversion), so it is not done twice.
-    Each block's hash comes through ``MEMO`` (see :class:`HashMemo`).
+
+    Each block's hash is looked up in ``MEMO`` (see :class:`HashMemo`) until the first
+    block not found there; that block and every later one are hashed and kept without a
+    lookup, since their parents were just computed (a successor could still be there only
+    if the memo dropped its parent first: a hash computed again, the same value).
+    ``fresh``: the caller knows the blocks hold newly generated tokens (a decode step's
+    completed block), so no lookup is made at all. Either way only work is saved: every
+    hash is the chain's own.
     """
     prev = salt if start == 0 else parent
     if prev is None:
@@ -62,18 +70,31 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_
         offset = start * stride
     end = offset + (n_full - start) * stride
     out: list[BlockHash] = []
+    j = offset
     if len(prev) != HASH_BYTES:  # a foreign salt: its block is not memoised (see HashMemo)
-        prev = hashlib.blake2b(raw[offset:offset + stride], digest_size=HASH_BYTES, key=prev).digest()
+        prev = hashlib.blake2b(raw[j:j + stride], digest_size=HASH_BYTES, key=prev).digest()
         out.append(prev)
-        offset += stride
+        j += stride
     memo = MEMO
-    known = memo.young.get
-    for j in range(offset, end, stride):
+    if not fresh:
+        known = memo.young.get
+        while j < end:
+            h = known(prev + raw[j:j + stride])
+            if h is None:
+                h = memo.recall(prev + raw[j:j + stride])
+                if h is None:
+                    break
+            prev = h
+            out.append(h)
+            j += stride
+    blake, keep = hashlib.blake2b, memo.keep
+    while j < end:
         block = raw[j:j + stride]
-        key = prev + block
-        h = known(key)
-        prev = h if h is not None else memo.miss(key, block, prev)
-        out.append(prev)
+        h = blake(block, digest_size=HASH_BYTES, key=prev).digest()
+        keep(prev + block, h)
+        prev = h
+        out.append(h)
+        j += stride
     return out
 
 
@@ -83,15 +104,16 @@ class HashMemo:
     Why: most prompt blocks were hashed before. Every chat prompt starts with the shared
     system prompt, and a session's next prompt is its previous prompt + answer + a new
     turn, whose blocks were hashed when that prompt was admitted and that answer decoded
-    (~89% of prompt blocks in the chat bench). A keyed blake2b of one block costs ~5x the
-    dict lookup that finds it here. The value is the hash itself, so the chain (and every
-    identity built on it) is exactly what hashing gives; only the work is saved.
+    (~89% of prompt blocks in the chat bench). A keyed blake2b of one block costs several
+    times the dict lookup that finds it here. The value is the hash itself, so the chain
+    (and every identity built on it) is exactly what hashing gives; only work is saved.
 
     The key is exact: a parent is always ``HASH_BYTES`` long (a salt of another length
     hashes its first block outright), so the key's length fixes the block's. Bounded by
-    two generations of at most ``cap`` entries (~250 bytes each): a miss fills the young
-    one, a hit in the old one is copied back into the young one (so the shared system
-    prompt stays), and a full young generation becomes the old one, dropping the rest.
+    two generations of at most ``cap`` entries (~250 bytes each): new hashes go into the
+    young one, a hit in the old one is copied back into the young one (so the shared
+    system prompt stays), and a full young generation becomes the old one, dropping the
+    rest.
     """
 
     __slots__ = ("young", "old", "cap")
@@ -101,17 +123,19 @@ class HashMemo:
         self.old: dict[bytes, BlockHash] = {}
         self.cap = cap
 
-    def miss(self, key: bytes, block: bytes, parent: BlockHash) -> BlockHash:
-        """The hash of ``block`` chained on ``parent`` (``key`` = parent + block), not in
-        the young generation: from the old one, else computed; then kept in the young one."""
+    def recall(self, key: bytes) -> BlockHash | None:
+        """The hash kept under ``key`` in the old generation (then kept young), or None."""
         h = self.old.get(key)
-        if h is None:
-            h = hashlib.blake2b(block, digest_size=HASH_BYTES, key=parent).digest()
+        if h is not None:
+            self.keep(key, h)
+        return h
+
+    def keep(self, key: bytes, h: BlockHash) -> None:
+        """Keep ``h`` under ``key`` (parent + block) in the young generation."""
         young = self.young
         young[key] = h
         if len(young) >= self.cap:
             self.old, self.young = young, {}
-        return h
 
 
 MEMO_CAP = 1 << 15

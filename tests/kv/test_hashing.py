@@ -148,17 +148,23 @@ def _chain(tokens: list[int], bs: int, salt: bytes) -> list[bytes]:
 @SETTINGS
 @given(bs=block_sizes, tokens=tokens_st, salt=names, cap=st.integers(1, 8))
 def test_the_memo_answers_what_hashing_gives(bs, tokens, salt, cap):
-    """Through a tiny memo (generations rotate every few blocks) and twice over (the
-    second pass is answered from it), the chain is the definition's."""
+    """Through a tiny memo (generations rotate every few blocks), twice over (the second
+    pass is answered from it), extended from a half-way parent, and with ``fresh`` (no
+    lookups), the chain is the definition's."""
     s = salt_hash(salt, None)
+    want = _chain(tokens, bs, s)
     saved = hashing.MEMO
     hashing.MEMO = hashing.HashMemo(cap)
     try:
         first = block_hashes(tokens, bs, s)
         again = block_hashes(tokens, bs, s)
+        half = len(want) // 2
+        tail = block_hashes(tokens, bs, s, start=half, parent=want[half - 1] if half else None)
+        fresh = block_hashes(tokens, bs, s, fresh=True)
     finally:
         hashing.MEMO = saved
-    assert first == again == _chain(tokens, bs, s)
+    assert first == again == fresh == want
+    assert tail == want[half:]
 
 
 def test_a_foreign_length_salt_is_hashed_outright():
