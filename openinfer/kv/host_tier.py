@@ -270,12 +270,15 @@ class HostTier:
             return None
         free, slot_of, pins = self._free_slots, self._slot_of, self._pins
         while len(free) < n:  # evict the least recently used unpinned block
-            for victim in slot_of:
-                if victim not in pins:
-                    break
+            if slot_of and not pins:  # none pinned (mostly): the least recently used, at once
+                free.append(slot_of.popitem(last=False)[1])
             else:
-                return None  # every resident block is pinned (those evicted so far stay so)
-            free.append(slot_of.pop(victim))
+                for victim in slot_of:
+                    if victim not in pins:
+                        break
+                else:
+                    return None  # every resident block is pinned (those evicted so far stay so)
+                free.append(slot_of.pop(victim))
             self.counters["evictions"] += 1
         if n == 1:  # a decode step's save: one block
             return [free.pop()]

@@ -171,20 +171,22 @@ class BlockPool:
         dropped hold or a landed save returns many pages at once, so the loop is here."""
         refs, touched, padding = self._refs, self._touched, self.padding_page
         page_hash, primary, inactive = self._hash, self._primary, self._inactive
+        reset_on_release = self._reset_on_release
         for page in pages:
             r = refs[page]
-            if r <= 1:  # the last reference (or none): the rare checks only here
-                if r <= 0:
-                    raise AccountingError(f"release: page {page} has no reference (double release)")
-                if page == padding:
-                    raise AccountingError("release: the padding page is referenced forever")
-            refs[page] = r - 1
-            if r > 1:
+            if r > 1:  # still referenced: one less, nothing else moves
+                refs[page] = r - 1
                 continue
+            # the last reference (or none): the rare checks only here
+            if r <= 0:
+                raise AccountingError(f"release: page {page} has no reference (double release)")
+            if page == padding:
+                raise AccountingError("release: the padding page is referenced forever")
+            refs[page] = 0
             if touched is not None:
                 touched.add(page)
             h = page_hash[page]
-            if h is not None and primary.get(h) == page and page not in self._reset_on_release:
+            if h is not None and primary.get(h) == page and page not in reset_on_release:
                 inactive[page] = None  # most recently used end
                 continue
             self._forget(page)
