@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from simpy.events import Event, Process
@@ -28,6 +29,8 @@ from openinfer.kv.saves import SaveClass, SaveCursor
 from openinfer.kv.stats import DegradeReason, StoreStats
 from openinfer.kv.tier import QueryKind, QueryResult, Tier
 from openinfer.runtime import Runtime
+
+_HANDOFF = SaveClass.HANDOFF  # read per seal: a plain name, not an Enum class attribute
 
 
 @dataclass
@@ -238,15 +241,18 @@ class KvStore:
         cursor.records.append(rec)
         for obs in self.observers:  # a literal, not dict(record=...): a keyword call per save
             obs("save_submitted", {"record": rec})
-        if cls is SaveClass.HANDOFF:
+        if cls is _HANDOFF:
             cursor.pending.append(rec.done)
-
-        def settled(ev: Event) -> None:
-            rank.pinned -= count
-            if not ev.value.ok:
-                self.stats.saves_failed += 1
-        rec.done.callbacks.append(settled)
+        # a partial, not a closure: a closure's variables would be cells made on every
+        # call of seal (most calls return early), and read through them
+        rec.done.callbacks.append(partial(self._settled, rank, count))
         return count
+
+    def _settled(self, rank: Rank, count: int, ev: Event) -> None:
+        """A save's outcome is in: its pages are no longer pinned by it."""
+        rank.pinned -= count
+        if not ev.value.ok:
+            self.stats.saves_failed += 1
 
     def retire(self, r: int, kv: RequestKv, cursor: SaveCursor, cls: SaveClass) -> None:
         """Final seal, then release the request's pages — parked until Handoff saves settle."""

@@ -30,6 +30,7 @@ the per-row path.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -242,7 +243,8 @@ class DecodeCohort:
                 return False
         pos = self.positions.copy()
         rows_now = list(active)
-        plan.decode = DecodeBatch(self.rids, pos, self.nprompt, lambda: self._rows(rows_now, pos),
+        # a partial, not a lambda: no cells for pos and rows_now made on every step
+        plan.decode = DecodeBatch(self.rids, pos, self.nprompt, partial(self._rows, rows_now, pos),
                                   self.position_sum)
         return True
 
