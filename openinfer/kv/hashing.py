@@ -39,22 +39,13 @@ def validate_tokens(tokens: Sequence[int], field: str = "prompt", vocab_size: in
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_SALT,
-                 start: int = 0, parent: BlockHash | None = None, raw: bytes | None = None,
-                 fresh: bool = False) -> list[BlockHash]:
+                 start: int = 0, parent: BlockHash | None = None, raw: bytes | None = None) -> list[BlockHash]:
     """Hashes of the complete blocks of ``tokens`` from block index ``start`` on.
 
     ``parent`` is the hash of block ``start - 1`` (or the salt when ``start == 0``), so a
     caller that already hashed a prefix extends the chain without rehashing it. ``raw``:
     all of ``tokens`` as int64 bytes (``token_bytes``), when the caller already converted
     them (admission validates a prompt through that conversion), so it is not done twice.
-
-    Each block's hash is looked up in ``MEMO`` (see :class:`HashMemo`) until the first
-    block not found there; that block and every later one are hashed and kept without a
-    lookup, since their parents were just computed (a successor could still be there only
-    if the memo dropped its parent first: a hash computed again, the same value).
-    ``fresh``: the caller knows the blocks hold newly generated tokens (a decode step's
-    completed block), so no lookup is made at all. Either way only work is saved: every
-    hash is the chain's own.
     """
     prev = salt if start == 0 else parent
     if prev is None:
@@ -68,78 +59,12 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_
         offset = 0
     else:
         offset = start * stride
-    end = offset + (n_full - start) * stride
+    blake = hashlib.blake2b
     out: list[BlockHash] = []
-    j = offset
-    if len(prev) != HASH_BYTES:  # a foreign salt: its block is not memoised (see HashMemo)
-        prev = hashlib.blake2b(raw[j:j + stride], digest_size=HASH_BYTES, key=prev).digest()
+    for j in range(offset, offset + (n_full - start) * stride, stride):
+        prev = blake(raw[j:j + stride], digest_size=HASH_BYTES, key=prev).digest()
         out.append(prev)
-        j += stride
-    memo = MEMO
-    if not fresh:
-        known = memo.young.get
-        while j < end:
-            h = known(prev + raw[j:j + stride])
-            if h is None:
-                h = memo.recall(prev + raw[j:j + stride])
-                if h is None:
-                    break
-            prev = h
-            out.append(h)
-            j += stride
-    blake, keep = hashlib.blake2b, memo.keep
-    while j < end:
-        block = raw[j:j + stride]
-        h = blake(block, digest_size=HASH_BYTES, key=prev).digest()
-        keep(prev + block, h)
-        prev = h
-        out.append(h)
-        j += stride
     return out
-
-
-class HashMemo:
-    """Block hashes already computed, keyed by (parent hash + the block's int64 bytes).
-
-    Why: most prompt blocks were hashed before. Every chat prompt starts with the shared
-    system prompt, and a session's next prompt is its previous prompt + answer + a new
-    turn, whose blocks were hashed when that prompt was admitted and that answer decoded
-    (~89% of prompt blocks in the chat bench). A keyed blake2b of one block costs several
-    times the dict lookup that finds it here. The value is the hash itself, so the chain
-    (and every identity built on it) is exactly what hashing gives; only work is saved.
-
-    The key is exact: a parent is always ``HASH_BYTES`` long (a salt of another length
-    hashes its first block outright), so the key's length fixes the block's. Bounded by
-    two generations of at most ``cap`` entries (~250 bytes each): new hashes go into the
-    young one, a hit in the old one is copied back into the young one (so the shared
-    system prompt stays), and a full young generation becomes the old one, dropping the
-    rest.
-    """
-
-    __slots__ = ("young", "old", "cap")
-
-    def __init__(self, cap: int) -> None:
-        self.young: dict[bytes, BlockHash] = {}
-        self.old: dict[bytes, BlockHash] = {}
-        self.cap = cap
-
-    def recall(self, key: bytes) -> BlockHash | None:
-        """The hash kept under ``key`` in the old generation (then kept young), or None."""
-        h = self.old.get(key)
-        if h is not None:
-            self.keep(key, h)
-        return h
-
-    def keep(self, key: bytes, h: BlockHash) -> None:
-        """Keep ``h`` under ``key`` (parent + block) in the young generation."""
-        young = self.young
-        young[key] = h
-        if len(young) >= self.cap:
-            self.old, self.young = young, {}
-
-
-MEMO_CAP = 1 << 15
-MEMO = HashMemo(MEMO_CAP)
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:

@@ -232,9 +232,8 @@ class RequestKv:
         complete = self.kv_position // self.block_size
         hashes = self.hashes
         if complete > len(hashes):
-            # past the prompt's hashes: blocks with generated tokens, new to the memo
             hashes.extend(block_hashes(self.tokens, self.block_size, self.salt, start=len(hashes),
-                                       parent=hashes[-1] if hashes else None, fresh=True))
+                                       parent=hashes[-1] if hashes else None))
         registered = self.registered
         if complete > registered:
             register, pages = self.pool.register, self.pages

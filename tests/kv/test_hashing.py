@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from openinfer.errors import ConfigError
-from openinfer.kv import hashing
 from openinfer.kv.hashing import BASE_SALT, HASH_BYTES, block_hashes, salt_hash, validate_tokens
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -133,47 +129,3 @@ def test_validate_tokens_vocab_bound_and_custom_field():
 @given(tokens=st.lists(st.integers(0, 2**31), max_size=40))
 def test_validate_tokens_accepts_non_negative_ints(tokens):
     validate_tokens(tokens)
-
-
-def _chain(tokens: list[int], bs: int, salt: bytes) -> list[bytes]:
-    """The definition, H_i = blake2b-128(tokens_i as int64, key=H_{i-1}), with no memo."""
-    out, prev = [], salt
-    for i in range(len(tokens) // bs):
-        prev = hashlib.blake2b(array("q", tokens[i * bs:(i + 1) * bs]).tobytes(),
-                               digest_size=HASH_BYTES, key=prev).digest()
-        out.append(prev)
-    return out
-
-
-@SETTINGS
-@given(bs=block_sizes, tokens=tokens_st, salt=names, cap=st.integers(1, 8))
-def test_the_memo_answers_what_hashing_gives(bs, tokens, salt, cap):
-    """Through a tiny memo (generations rotate every few blocks), twice over (the second
-    pass is answered from it), extended from a half-way parent, and with ``fresh`` (no
-    lookups), the chain is the definition's."""
-    s = salt_hash(salt, None)
-    want = _chain(tokens, bs, s)
-    saved = hashing.MEMO
-    hashing.MEMO = hashing.HashMemo(cap)
-    try:
-        first = block_hashes(tokens, bs, s)
-        again = block_hashes(tokens, bs, s)
-        half = len(want) // 2
-        tail = block_hashes(tokens, bs, s, start=half, parent=want[half - 1] if half else None)
-        fresh = block_hashes(tokens, bs, s, fresh=True)
-    finally:
-        hashing.MEMO = saved
-    assert first == again == fresh == want
-    assert tail == want[half:]
-
-
-def test_a_foreign_length_salt_is_hashed_outright():
-    """A salt that is not HASH_BYTES long: the key would not fix the block's length, so its
-    first block bypasses the memo; the chain is still the definition's."""
-    toks = list(range(32))
-    for salt in (b"s", bytes(40)):
-        assert block_hashes(toks, 8, salt) == _chain(toks, 8, salt)
-    # salt + block here are byte for byte the key of block 0 of [3, 4] at block size 2
-    block_hashes([3, 4], 2)
-    foreign = BASE_SALT + array("q", [3]).tobytes()
-    assert block_hashes([4], 1, foreign) == _chain([4], 1, foreign)
