@@ -46,6 +46,8 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_
     caller that already hashed a prefix extends the chain without rehashing it. ``raw``:
     all of ``tokens`` as int64 bytes (``token_bytes``), when the caller already converted
     them (admission validates a prompt through that conversion), so it is not done twice.
+    A whole chain (``start == 0``) takes the hashes of the blocks it begins with as the
+    last whole chain did from ``LAST_CHAIN`` (see :class:`LastChain`).
     """
     prev = salt if start == 0 else parent
     if prev is None:
@@ -59,12 +61,69 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: BlockHash = BASE_
         offset = 0
     else:
         offset = start * stride
-    blake = hashlib.blake2b
+    end = offset + (n_full - start) * stride
     out: list[BlockHash] = []
-    for j in range(offset, offset + (n_full - start) * stride, stride):
+    if start == 0:  # a whole chain: the blocks it begins with as the last one did are known
+        out = LAST_CHAIN.shared(salt, stride, raw, n_full)
+        if out:
+            prev = out[-1]
+            offset = len(out) * stride
+    blake = hashlib.blake2b
+    for j in range(offset, end, stride):
         prev = blake(raw[j:j + stride], digest_size=HASH_BYTES, key=prev).digest()
         out.append(prev)
+    if start == 0:
+        LAST_CHAIN.keep(salt, stride, raw, out)
     return out
+
+
+class LastChain:
+    """The last whole chain hashed: its salt, block stride, token bytes and hashes.
+
+    Why: every chat prompt begins with the same system prompt (60% of the chat bench's
+    prompt blocks), so a prompt's first blocks are mostly the previous prompt's. The
+    blocks both begin with (same salt, same block size, byte-equal tokens) have the same
+    hashes, and finding how many that is takes a few byte comparisons (a binary search of
+    prefix slices, memcmp) where hashing them takes a keyed blake2b each. One entry, not a
+    table: a memo of many chains was tried and did not pay in wall time (its lookups are
+    memory-bound on keys spread over megabytes, where blake2b is compute-bound), while
+    this one entry stays in cache.
+    """
+
+    __slots__ = ("salt", "stride", "raw", "hashes")
+
+    def __init__(self) -> None:
+        self.salt: BlockHash = b""
+        self.stride = 0
+        self.raw = b""
+        self.hashes: list[BlockHash] = []
+
+    def shared(self, salt: BlockHash, stride: int, raw: bytes, n_full: int) -> list[BlockHash]:
+        """The hashes of the leading blocks of ``raw`` (``n_full`` complete ones) that the
+        last chain also begins with (a new list; empty when none)."""
+        m = len(self.hashes)
+        if n_full < m:
+            m = n_full
+        if not m or stride != self.stride or salt != self.salt:
+            return []
+        last = self.raw
+        lo, hi = 0, m  # raw[:lo] matches; raw[:hi] unknown, until it is known to differ
+        if raw[:hi * stride] == last[:hi * stride]:
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if raw[:mid * stride] == last[:mid * stride]:
+                lo = mid
+            else:
+                hi = mid
+        return self.hashes[:lo]
+
+    def keep(self, salt: BlockHash, stride: int, raw: bytes, hashes: list[BlockHash]) -> None:
+        """Remember this chain (a copy of its hashes: the caller's list is the caller's)."""
+        self.salt, self.stride, self.raw, self.hashes = salt, stride, raw, list(hashes)
+
+
+LAST_CHAIN = LastChain()
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -129,3 +132,39 @@ def test_validate_tokens_vocab_bound_and_custom_field():
 @given(tokens=st.lists(st.integers(0, 2**31), max_size=40))
 def test_validate_tokens_accepts_non_negative_ints(tokens):
     validate_tokens(tokens)
+
+
+def _chain(tokens: list[int], bs: int, salt: bytes) -> list[bytes]:
+    """The definition, H_i = blake2b-128(tokens_i as int64, key=H_{i-1}), computed afresh."""
+    out, prev = [], salt
+    for i in range(len(tokens) // bs):
+        prev = hashlib.blake2b(array("q", tokens[i * bs:(i + 1) * bs]).tobytes(),
+                               digest_size=HASH_BYTES, key=prev).digest()
+        out.append(prev)
+    return out
+
+
+@SETTINGS
+@given(bs=block_sizes, shared=tokens_st, tails=st.lists(tokens_st, min_size=1, max_size=4),
+       salts=st.lists(names, min_size=1, max_size=2), data=st.data())
+def test_chains_that_begin_alike_are_the_definitions(bs, shared, tails, salts, data):
+    """Chains hashed one after another (the last one's leading blocks reused), sharing a
+    prefix, under one or two salts, with and without the caller's bytes: each is the
+    definition's, and the caller may change a returned list without effect on the next."""
+    for tail in tails:
+        salt = salt_hash(data.draw(st.sampled_from(salts)), None)
+        toks = shared + tail
+        with_raw = data.draw(st.booleans())
+        got = block_hashes(toks, bs, salt, raw=array("q", toks).tobytes() if with_raw else None)
+        assert got == _chain(toks, bs, salt)
+        got.append(b"x" * HASH_BYTES)  # the caller's list is its own
+        got[:1] = [b"y" * HASH_BYTES]
+
+
+def test_a_chain_after_a_different_block_size_or_salt():
+    toks = list(range(64))
+    a = block_hashes(toks, 16)
+    assert block_hashes(toks, 8) == _chain(toks, 8, BASE_SALT)
+    assert block_hashes(toks, 16, salt_hash("s")) == _chain(toks, 16, salt_hash("s"))
+    assert block_hashes(toks, 16) == a == _chain(toks, 16, BASE_SALT)
+    assert block_hashes(toks[:40] + [7] * 24, 16) == _chain(toks[:40] + [7] * 24, 16, BASE_SALT)
