@@ -78,7 +78,7 @@ def timeline_tail(maxlen: int = TIMELINE_TAIL) -> Timeline:
 def _failed(rec: Any) -> bool:
     """A save that ended in a reported failure (copy error, dropped or failed registration):
     no barrier can make it visible; the request that sealed it answers for it."""
-    return (rec.done.triggered and not rec.done.value.ok) or "registration" in rec.extra
+    return (rec.done.triggered and not rec.done.value.ok) or rec.registration_error is not None
 
 
 class InvariantViolation(Exception):

@@ -209,39 +209,44 @@ class HostTier:
     def _save(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash],
               guards: PageRefs) -> Generator[Event, Any, OpResult]:
         err = yield from self.ports.through("save", hashes[0].hex()[:8] if hashes else "")
-        new, slots, err = self._reserve(pages, hashes, err)
-        if err is None and new:
-            yield self.transfer.d2h([p for p, _ in new], slots)
-        return self._landed(rec, new, slots, guards, err)
+        new_pages, new_hashes, slots, err = self._reserve(pages, rec.hashes, err)
+        if err is None and new_pages:
+            yield self.transfer.d2h(new_pages, slots)
+        return self._landed(rec, new_hashes, slots, guards, err)
 
     def _save_now(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> Event:
-        new, slots, err = self._reserve(pages, hashes, None)
-        if err is None and new:
-            new_pages = []
-            for p, _ in new:  # a loop, not a comprehension: one block mostly, and a
-                new_pages.append(p)  # comprehension is a function call of its own (3.11)
+        new_pages, new_hashes, slots, err = self._reserve(pages, rec.hashes, None)
+        if err is None and new_pages:
             copy = self.transfer.d2h(new_pages, slots)
             # a partial, not a lambda: the landing calls _landed without a frame between
-            return self.rt.then(copy, partial(self._landed, rec, new, slots, guards, None))
-        return self.rt.done(self._landed(rec, new, slots, guards, err))
+            return self.rt.then(copy, partial(self._landed, rec, new_hashes, slots, guards, None))
+        return self.rt.done(self._landed(rec, new_hashes, slots, guards, err))
 
     def _reserve(self, pages: list[int], hashes: list[BlockHash], err: str | None
-                 ) -> tuple[list[tuple[int, BlockHash]], list[int], str | None]:
-        """The blocks not yet resident and the host slots they will land in (none after an error).
-        Every save asks, mostly for one block: a loop, not a comprehension (a call of its own)."""
-        new = []
+                 ) -> tuple[list[int], list[BlockHash], list[int], str | None]:
+        """The pages and hashes of the blocks not yet resident, and the host slots they will
+        land in (none after an error). ``hashes`` is the record's own copy, so when every
+        block is new (nearly every save: one block a decode step) the lists are returned
+        as they are, with no (page, hash) pair or list made per block."""
         slot_of = self._slot_of
-        for p, h in zip(pages, hashes):
-            if h not in slot_of:
-                new.append((p, h))
-        if err is not None or not new:
-            return new, [], err
-        slots = self._take_slots(len(new))
+        for h in hashes:
+            if h in slot_of:
+                new_pages, new_hashes = [], []
+                for p, h2 in zip(pages, hashes):
+                    if h2 not in slot_of:
+                        new_pages.append(p)
+                        new_hashes.append(h2)
+                break
+        else:
+            new_pages, new_hashes = pages, hashes
+        if err is not None or not new_pages:
+            return new_pages, new_hashes, [], err
+        slots = self._take_slots(len(new_pages))
         if slots is None:
-            return new, [], "host tier full: every resident block is pinned"
-        return new, slots, None
+            return new_pages, new_hashes, [], "host tier full: every resident block is pinned"
+        return new_pages, new_hashes, slots, None
 
-    def _landed(self, rec: SaveRecord, new: list[tuple[int, BlockHash]], slots: list[int], guards: PageRefs,
+    def _landed(self, rec: SaveRecord, new_hashes: list[BlockHash], slots: list[int], guards: PageRefs,
                 err: str | None) -> OpResult:
         """The copy is done (or never started): release the GPU pages, make the blocks visible."""
         guards.release()  # the GPU pages may be reused once the D2H has landed
@@ -249,7 +254,7 @@ class HostTier:
             self._free_slots.extend(slots)
             self.counters["saves_failed"] += 1
             return OpResult(False, err)
-        for (_, h), slot in zip(new, slots):
+        for h, slot in zip(new_hashes, slots):
             if h in self._slot_of:  # a concurrent save of the same block won the race
                 self._free_slots.append(slot)
                 continue

@@ -65,7 +65,7 @@ class PeerTier(HostTier):
     def on_visible(self, rec: SaveRecord) -> None:
         if len(self._queue) >= self._queue_cap:
             self.counters["registrations_dropped"] += 1
-            rec.extra["registration"] = "dropped"
+            rec.registration_error = "dropped"
             return
         self._queue.append(rec)
         if self._wake is not None and not self._wake.triggered:
@@ -87,7 +87,7 @@ class PeerTier(HostTier):
                 rec.registered_at = self.rt.now()
                 self.counters["registrations"] += 1
             else:
-                rec.extra["registration"] = err
+                rec.registration_error = err
                 self.counters["registration_errors"] += 1
 
     def _notify_drained(self) -> None:

@@ -7,7 +7,7 @@ exceptions, so every asynchronous operation reports exactly one terminal outcome
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
@@ -69,7 +69,9 @@ class SaveRecord:
     submitted_at: float
     visible_at: float | None = None
     registered_at: float | None = None
-    extra: dict = field(default_factory=dict)
+    # why a peer tier's registration of it failed ("dropped" or the metaserver's error): a
+    # field, not a dict of extras, which was one dict made per save and read by nobody else
+    registration_error: str | None = None
 
 
 class Tier(Protocol):
