@@ -157,12 +157,18 @@ class DecodeCohort:
         self._free.append(slot)  # a stale ``due`` entry for it is skipped
 
     def _drop_rows(self, dropped: list[int]) -> None:
+        """Remove the rows at ``dropped`` (ascending row indices: a step drops a row or two
+        of dozens, so the lists lose them by ``del`` and only the rows after the first
+        dropped one are renumbered)."""
+        if not dropped:
+            return
         keep = np.ones(len(self.order), dtype=np.bool_)
         keep[dropped] = False
-        gone = set(dropped)
-        self.order = [s for i, s in enumerate(self.order) if i not in gone]
-        for i, slot in enumerate(self.order):
-            self.index_of[slot] = i
+        order, index_of = self.order, self.index_of
+        for i in reversed(dropped):
+            del order[i]
+        for i in range(dropped[0], len(order)):
+            index_of[order[i]] = i
         self.position_sum -= sum(self.positions[dropped].tolist())
         self.rids, self.positions = self.rids[keep], self.positions[keep]
         self.nprompt, self.slots = self.nprompt[keep], self.slots[keep]
@@ -286,10 +292,12 @@ class DecodeCohort:
         self.position_sum += len(self.order)
         dropped: list[int] = []
         if rows:
-            token_at = tokens.item  # a few rows: item() each, not an index array built from the list
-            toks = [token_at(i) for i in rows]
+            # a few rows: item() each, not an index array built from the list (nor a list
+            # of them first: a comprehension is a call of its own on 3.11)
+            token_at = tokens.item
             order, sync_k, sticky = self.order, self.sync_k, self.sticky
-            for i, tok in zip(rows, toks):
+            for i in rows:
+                tok = token_at(i)
                 a = active[i]
                 slot = order[i]
                 if sync_k[slot] < k:  # most due rows were delivered when they were scheduled
@@ -309,5 +317,7 @@ class DecodeCohort:
         if not dropped:
             return active
         self._drop_rows(dropped)
-        drop = set(dropped)
-        return [a for i, a in enumerate(active) if i not in drop]
+        kept = active.copy()  # a new list (the caller's is its own), less the dropped rows
+        for i in reversed(dropped):
+            del kept[i]
+        return kept
