@@ -79,8 +79,10 @@ def test_prefill_bf16(device):
 
 @pytest.mark.parametrize("num_splits", [1, 3, 4])
 def test_decode_split_kv_with_padding_rows(device, num_splits):
-    seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1)]   # seq lens 5, 17, 33, 1, 11
-    arena = _arena(device, 4)
+    # seq lens 5, 17, 33, 1, 11, 70: empty splits, one tile, several rounds of tiles
+    # (70 tokens are 5 tiles of 16 over 3 or 4 splits), the newest token mid-page
+    seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1), (69, 1)]
+    arena = _arena(device, 4, num_pages=48)
     bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=2)
     q = torch.randn(T, HQ, D, device=device)
     kc, vc = arena.k(0), arena.v(0)
@@ -103,7 +105,7 @@ def test_decode_bf16(device):
 
 def test_default_num_splits_static():
     assert K.default_num_splits(1, 8, 40960) == 64
-    assert K.default_num_splits(1, 8, 4112) == 33    # bs 1 at 4k: ~125 tokens a split
+    assert K.default_num_splits(1, 8, 4112) == 64    # bs 1 at 4k: one 64-token tile a split
     assert K.default_num_splits(8, 8, 4112) == 8
     assert K.default_num_splits(256, 8, 40960) == 1
     assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split
@@ -221,3 +223,4 @@ def test_add_rms_norm_takes_parts(device, splits):
     ref, ref_res = R.add_rms_norm(R.merge_parts(parts, res.dtype), res, w, 1e-6)
     assert (new_res - ref_res).abs().max() <= FP32_ATOL
     assert (out - ref).abs().max() <= FP32_ATOL
+

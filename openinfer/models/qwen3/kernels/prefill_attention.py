@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
+from openinfer.models.qwen3.kernels._paged_tile import attend_tile, kv_tile
 
 
 @triton.jit
@@ -48,24 +48,12 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, seq_lens_ptr, qloc_ptr
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * s_bt
     for start in range(0, kv_end, BLOCK_N):
+        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, kv_end, kvh, s_kp, s_ko, s_kh,
+                               s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
         offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-        off = offs_n % PAGE
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(kc_ptr + page[:, None] * s_kp + off[:, None] * s_ko + kvh * s_kh
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = mma(q, tl.trans(k), DOT_PREC, UPCAST) * sm_scale
-        s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + page[:, None] * s_vp + off[:, None] * s_vo + kvh * s_vh
-                    + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, DOT_PREC, UPCAST)
-        m_i = m_new
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, sm_scale, DOT_PREC,
+                                    UPCAST)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + rows[:, None] * s_ot + h * s_oh + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])

@@ -46,11 +46,13 @@ def _qkv_rope_write_kernel(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_p
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, HALF)
-    pdl_wait(PDL)
-    dt = q_ptr.dtype.element_ty
+    # Positions and the RoPE tables are step inputs, not written by the kernel before:
+    # their two dependent reads go ahead of the wait.
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * s_c + offs).to(tl.float32)   # HF's table repeats its halves
     s = tl.load(sin_ptr + pos * s_c + offs).to(tl.float32)
+    pdl_wait(PDL)
+    dt = q_ptr.dtype.element_ty
     row = x_ptr + t * s_xt
     if h < HQ:
         o1, o2 = _norm_rope(row + h * (2 * HALF), s_xs, qw_ptr, c, s, eps, NUM_PARTS, HALF, dt)
