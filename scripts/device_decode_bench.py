@@ -11,7 +11,7 @@ bandwidth measured in that process). Each worker also counts the kernels of one 
 decode step under ``torch.profiler`` (graph replays; an eager step where CUPTI shows none)
 and sums their device time. ``--sweep`` times the skinny-GEMM and split-KV decode
 configurations against cuBLAS on the Qwen3-4B shapes (CUDA graphs over rotating weight
-copies, so L2 holds none of them). ``--tests`` runs ``pytest tests/models`` on the GPU.
+copies, so L2 holds none of them); ``SWEEP_PARTS=attention`` (or ``linear``) runs one half. ``--tests`` runs ``pytest tests/models`` on the GPU.
 Every worker first times one eager unified step (a 182-token chunk behind 512 cached
 tokens plus 8 decode rows at 1k context: wall, launch, CUDA-event and kernel time);
 ``EAGER_ONLY=1`` stops there, for the eager-step comparison of old and new kernels.
@@ -268,7 +268,8 @@ def sweep_linear(bandwidth: float) -> list[dict[str, Any]]:
                   gate_up=(2 * 9728, 2560, True), down=(2560, 9728, False),
                   lm_head=(151936, 2560, False))
     tiles = [(64, 128, 4, 4), (32, 128, 4, 4), (64, 256, 3, 4), (128, 128, 4, 4),
-             (64, 128, 6, 4), (32, 256, 4, 4)]
+             (64, 128, 6, 4), (32, 256, 4, 4), (16, 128, 4, 4), (16, 256, 4, 4),
+             (32, 128, 4, 2), (16, 128, 6, 2)]
     rows = []
     for name, (n, k, gated) in shapes.items():
         nbytes = n * k * 2
@@ -328,7 +329,8 @@ def sweep_attention() -> list[dict[str, Any]]:
         q = torch.randn(b, 32, 128, device="cuda", dtype=torch.bfloat16)
         kv = b * (ctx + 1) * 8 * 128 * 2 * 2
         for splits, bn, nw in ((None, 64, 4), (8, 64, 4), (32, 64, 4), (64, 64, 4),
-                               (32, 32, 4), (64, 32, 4), (16, 128, 8), (32, 64, 8)):
+                               (64, 64, 8), (32, 32, 4), (64, 32, 4), (128, 32, 4),
+                               (16, 128, 8), (32, 128, 8)):
             fns = [lambda kc=arena.k(i), vc=arena.v(i), s=splits, n=bn, w=nw: K.decode_attention(
                 q, kc, vc, bt, lens, 128 ** -0.5, s, n, w) for i in range(layers)]
             try:
@@ -354,7 +356,10 @@ def sweep_worker(out: Path) -> None:
     from experiments.validate.bench import copy_bandwidth
     bw = copy_bandwidth("cuda", 4096, 20)["bytes_per_s"]
     res: dict[str, Any] = dict(copy_bytes_per_s=bw)
+    parts = os.environ.get("SWEEP_PARTS", "attention,linear").split(",")
     for name, fn in (("attention", sweep_attention), ("linear", lambda: sweep_linear(bw))):
+        if name not in parts:
+            continue
         try:
             res[name] = fn()
         except Exception as err:  # noqa: BLE001

@@ -224,3 +224,14 @@ def test_add_rms_norm_takes_parts(device, splits):
     assert (new_res - ref_res).abs().max() <= FP32_ATOL
     assert (out - ref).abs().max() <= FP32_ATOL
 
+
+def test_tuning_knob_names_the_variable_and_its_choices(monkeypatch):
+    from openinfer.models.qwen3.kernels._tuning import env_choice
+    monkeypatch.delenv("OPENINFER_TEST_KNOB", raising=False)
+    assert env_choice("OPENINFER_TEST_KNOB", 4, (1, 2, 4), "warps") == 4
+    monkeypatch.setenv("OPENINFER_TEST_KNOB", "2")
+    assert env_choice("OPENINFER_TEST_KNOB", 4, (1, 2, 4), "warps") == 2
+    for bad in ("3", "four", ""):
+        monkeypatch.setenv("OPENINFER_TEST_KNOB", bad)
+        with pytest.raises(ConfigError, match=r"OPENINFER_TEST_KNOB.*one of 1, 2, 4 \(warps\)"):
+            env_choice("OPENINFER_TEST_KNOB", 4, (1, 2, 4), "warps")

@@ -15,6 +15,11 @@ import triton.language as tl
 
 from openinfer.models.qwen3.kernels._parts import load_parts
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
+from openinfer.models.qwen3.kernels._tuning import env_choice
+
+# A decode step's norm is one program per row (one at batch 1) whose time is the latency of
+# its reads; more warps issue them in fewer rounds. Triton's default is 4.
+NORM_WARPS = env_choice("OPENINFER_NORM_WARPS", 4, (1, 2, 4, 8, 16), "warps per RMSNorm row")
 
 
 @triton.jit
@@ -56,5 +61,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _rms_norm_kernel[(T,)](parts, r, weight, out, ro, parts.stride(0), parts.stride(1),
                                r.stride(0), out.stride(0), ro.stride(0), N, eps,
                                HAS_RESIDUAL=residual is not None, NUM_PARTS=S,
-                               BLOCK=triton.next_power_of_2(N), **pdl_args(x.device))
+                               BLOCK=triton.next_power_of_2(N), num_warps=NORM_WARPS,
+                               **pdl_args(x.device))
     return out, res_out

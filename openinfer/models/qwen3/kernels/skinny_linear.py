@@ -19,7 +19,6 @@ extra launch and no atomics, so a step stays bitwise reproducible.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,25 +30,25 @@ from openinfer.errors import require
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
+from openinfer.models.qwen3.kernels._tuning import env_choice
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 
 MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
 MAX_PRE_TILES = 4
 
 
-def _pre_tiles_from_env(var: str, default: str) -> int:
-    text = os.environ.get(var, default)
-    require(text.isdigit() and 1 <= int(text) <= MAX_PRE_TILES, var, text,
-            f"an integer 1..{MAX_PRE_TILES} (W tiles read before the PDL wait)")
-    return int(text)
-
-
 # W tiles read before the PDL wait (OPENINFER_SKINNY_PRE / _GATED override them).
 # Measured on an H200 (results/gpu/pre_tiles/): 3 tiles before the wait take bs1 decode
 # from 3.054 to 2.980 ms at 1k context; the gated GEMM (two tiles per step, gate and up)
 # does best with 1 (3 there: 2.992 ms; 4 everywhere: slower, 3.218 ms).
-PRE_TILES = _pre_tiles_from_env("OPENINFER_SKINNY_PRE", "3")
-PRE_TILES_GATED = _pre_tiles_from_env("OPENINFER_SKINNY_PRE_GATED", "1")
+_PRE_RANGE = range(1, MAX_PRE_TILES + 1)
+PRE_TILES = env_choice("OPENINFER_SKINNY_PRE", 3, _PRE_RANGE, "W tiles read before the PDL wait")
+PRE_TILES_GATED = env_choice("OPENINFER_SKINNY_PRE_GATED", 1, _PRE_RANGE,
+                             "W tiles read before the PDL wait, gated GEMM")
+# Output rows per program of the gated (gate/up) GEMM: its 2 x 9,728 rows at a 4B make 304
+# programs of 32 (2.3 a SM of an H200: the last wave is a third full), 608 of 16.
+GATED_BLOCK_N = env_choice("OPENINFER_SKINNY_GATED_BN", 32, (16, 32, 64),
+                           "output rows per program of the gated GEMM")
 
 
 @triton.jit
@@ -175,7 +174,7 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
     sweep on an H200 (``scripts/device_decode_bench.py --sweep``)."""
     if n >= 256 * sms:
         return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES)
-    block_n, block_k = 32, 128
+    block_n, block_k = (GATED_BLOCK_N if gated else 32), 128
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
