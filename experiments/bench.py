@@ -66,11 +66,11 @@ LINEAR_MAX = 1.10          # "linear": per-request cost at 100k at most 10% abov
 TARGET_PEAK_MB = 1500.0    # 1.5 GB = 1,500 MB of 10^6 bytes
 
 # Wall seconds of one run of n requests on this 2-core machine (2026-12-03, fitted to 1k
-# and 10k runs; chat 2026-12-04, its 10k runs then), for the time estimate only:
+# and 10k runs; chat 2026-12-05, its 10k runs then), for the time estimate only:
 # n / rate + quad * n^2. The offline batch is superlinear (admission walks the whole waiting queue on every scheduler pass), which is
 # why its default sizes stop at 10k: 100k would take hours. The progress lines rescale the
 # model by what the runs measure as they finish.
-NOMINAL = {"chat": (850.0, 0.0), "pd": (130.0, 0.0), "offline": (460.0, 1.35e-6)}
+NOMINAL = {"chat": (1100.0, 0.0), "pd": (130.0, 0.0), "offline": (460.0, 1.35e-6)}
 STARTUP_S = 1.0            # a fresh interpreter and the imports, per run
 DEFAULT_SIZES = {"offline": "1000,10000"}
 # Monitor findings a case produces by construction, not by a bug: every request of the
