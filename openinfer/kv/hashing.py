@@ -90,23 +90,22 @@ class LastChain:
     this one entry stays in cache.
     """
 
-    __slots__ = ("salt", "stride", "raw", "hashes")
+    __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self.salt: BlockHash = b""
-        self.stride = 0
-        self.raw = b""
-        self.hashes: list[BlockHash] = []
+        # (salt, stride, token bytes, hashes) as one value: replaced and read whole, so a
+        # reader never pairs one chain's bytes with another's hashes
+        self._last: tuple[BlockHash, int, bytes, list[BlockHash]] = (b"", 0, b"", [])
 
     def shared(self, salt: BlockHash, stride: int, raw: bytes, n_full: int) -> list[BlockHash]:
         """The hashes of the leading blocks of ``raw`` (``n_full`` complete ones) that the
         last chain also begins with (a new list; empty when none)."""
-        m = len(self.hashes)
+        last_salt, last_stride, last, hashes = self._last
+        m = len(hashes)
         if n_full < m:
             m = n_full
-        if not m or stride != self.stride or salt != self.salt:
+        if not m or stride != last_stride or salt != last_salt:
             return []
-        last = self.raw
         lo, hi = 0, m  # raw[:lo] matches; raw[:hi] unknown, until it is known to differ
         if raw[:hi * stride] == last[:hi * stride]:
             lo = hi
@@ -116,11 +115,11 @@ class LastChain:
                 lo = mid
             else:
                 hi = mid
-        return self.hashes[:lo]
+        return hashes[:lo]
 
     def keep(self, salt: BlockHash, stride: int, raw: bytes, hashes: list[BlockHash]) -> None:
         """Remember this chain (a copy of its hashes: the caller's list is the caller's)."""
-        self.salt, self.stride, self.raw, self.hashes = salt, stride, raw, list(hashes)
+        self._last = (salt, stride, raw, list(hashes))
 
 
 LAST_CHAIN = LastChain()
