@@ -79,8 +79,8 @@ def test_prefill_bf16(device):
 
 @pytest.mark.parametrize("num_splits", [1, 3, 4])
 def test_decode_split_kv_with_padding_rows(device, num_splits):
-    # seq lens 5, 17, 33, 1, 11, 70: empty splits, one tile, several rounds of tiles
-    # (70 tokens are 5 tiles of 16 over 3 or 4 splits), the newest token mid-page
+    # seq lens 5, 17, 33, 1, 11, 70: empty splits, one tile, several tiles a split
+    # (70 tokens over 3 or 4 splits of up to 24 tokens, tiles of 16), a length mid-page
     seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1), (69, 1)]
     arena = _arena(device, 4, num_pages=48)
     bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=2)
@@ -105,7 +105,7 @@ def test_decode_bf16(device):
 
 def test_default_num_splits_static():
     assert K.default_num_splits(1, 8, 40960) == 64
-    assert K.default_num_splits(1, 8, 4112) == 64    # bs 1 at 4k: one 64-token tile a split
+    assert K.default_num_splits(1, 8, 4112) == 33    # bs 1 at 4k: ~125 tokens a split
     assert K.default_num_splits(8, 8, 4112) == 8
     assert K.default_num_splits(256, 8, 40960) == 1
     assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split

@@ -1,23 +1,17 @@
 """Paged decode attention: one query per sequence, flash-decoding split over the KV length.
 
 With a small batch, one program per (sequence, kv head) leaves most SMs idle on long
-contexts, so the cached KV of each sequence is cut into tiles of ``BLOCK_N`` tokens dealt
-round-robin to ``num_splits`` programs (program ``s`` takes tiles ``s, s + num_splits, ...``)
-that run in parallel and write a partial (normalised output, log-sum-exp); a second tiny
-kernel merges them. All ``GROUP`` query heads that share a kv head are processed together,
-so K/V is read once per group. Shapes depend only on (batch, heads, num_splits): no host
-sync and no data-dependent shapes, so the pair can be captured in a CUDA graph;
-``num_splits`` is a compile-time constant chosen per batch bucket.
+contexts, so the KV range of each sequence is cut into ``num_splits`` equal chunks that
+run in parallel and write a partial (normalised output, log-sum-exp); a second tiny kernel
+merges them. All ``GROUP`` query heads that share a kv head are processed together, so K/V
+is read once per group. Shapes depend only on (batch, heads, num_splits): no host sync and
+no data-dependent shapes, so the pair can be captured in a CUDA graph; ``num_splits`` is a
+compile-time constant chosen per batch bucket.
 
-Why tiles and not contiguous ranges: at batch 1 a decode step's attention is a chain of
-dependent round trips to memory (sequence length, page table, K/V), not a bandwidth
-problem, so each program should own one tile it can fetch in one go. And that fetch can
-start *before* the PDL wait: every cached token was written by an earlier step, only the
-newest one (position ``seq_len - 1``) by the kernel just before (the fused q/k norm + RoPE +
-KV write), which also produces the query. So a program reads its first tile while that
-kernel still runs, and split 0 folds the newest token in from a one-row read after the
-wait. A decode batch is the only caller, which is what makes "only the newest token is
-being written" true (one new token per row; padding rows write nothing).
+Tried and measured slower (results/gpu/tiles_attempt/): fixed 64-token tiles dealt
+round-robin to the splits, the first read ahead of the PDL wait. On an H100 it cost 1-2% at
+batch 1 and 3-16% at batch 32-64, so every program waits first and takes an equal share of
+the sequence's actual length.
 """
 
 from __future__ import annotations
@@ -43,45 +37,27 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_wait(PDL)
+    seq_len = tl.load(seq_lens_ptr + b)
+    per_split = tl.cdiv(seq_len, NUM_SPLITS)
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    # Before the wait: the step's inputs and what earlier steps wrote (module docstring).
-    seq_len = tl.load(seq_lens_ptr + b)
-    cached = seq_len - 1                       # tokens before the newest one
-    bt_row = bt_ptr + b * s_bt
-    newest_page = tl.load(bt_row + cached // PAGE).to(tl.int64)
-    k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, split * BLOCK_N, cached, kvh, s_kp, s_ko,
-                           s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
-    pdl_wait(PDL)
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * s_qt + heads[:, None] * s_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    newest = d_mask & (split == 0)             # split 0 takes the newest token
-    k_new = tl.load(kc_ptr + newest_page * s_kp + (cached % PAGE) * s_ko + kvh * s_kh + offs_d,
-                    mask=newest, other=0.0)
-    v_new = tl.load(vc_ptr + newest_page * s_vp + (cached % PAGE) * s_vo + kvh * s_vh + offs_d,
-                    mask=newest, other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale, DOT_PREC,
-                                UPCAST)
-    for start in range((split + NUM_SPLITS) * BLOCK_N, cached, NUM_SPLITS * BLOCK_N):
-        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, cached, kvh, s_kp, s_ko, s_kh,
+    bt_row = bt_ptr + b * s_bt
+    for start in range(lo, hi, BLOCK_N):
+        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, hi, kvh, s_kp, s_ko, s_kh,
                                s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
         m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
                                     DOT_PREC, UPCAST)
-    if split == 0:
-        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * sm_scale
-        m_new = tl.maximum(m_i, s_new)
-        p_new = tl.exp(s_new - m_new)
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + p_new
-        acc = acc * alpha[:, None] + (p_new.to(v_new.dtype).to(tl.float32)[:, None]
-                                      * v_new.to(tl.float32)[None, :])
-        m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
@@ -106,7 +82,6 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     s_mask = offs_s < NUM_SPLITS
     lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"))
     w = tl.exp(lse - tl.max(lse, axis=0))          # split 0 is never empty: max is finite
-    # Empty splits wrote zeros: loading them keeps this read independent of the lse read.
     part = tl.load(part_ptr + b * s_pb + h * s_ph + offs_s[:, None] * s_ps + offs_d[None, :],
                    mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
@@ -114,13 +89,13 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
              mask=offs_d < HEAD_DIM)
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_context: int,
-                       block_n: int = 64) -> int:
-    """About 512 programs (~4 per SM of a 132-SM H200), at most one per ``block_n`` tile
-    of a full-length context, so that at batch 1 a context up to 4k is one tile a program;
-    depends only on static sizes, so it is fixed per graph bucket."""
+def default_num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
+    """About 512 programs (~4 per SM of a 132-SM H200) without cutting a full-length
+    context into splits under 128 tokens; depends only on static sizes, so it is fixed per
+    graph bucket. From a sweep on an H200 at bs 1 and 8, 1k and 4k context
+    (``scripts/device_decode_bench.py --sweep``): bs 1 wants ~32 splits, bs 8 ~8."""
     want = triton.cdiv(512, batch * num_kv_heads)
-    return max(1, min(64, want, triton.cdiv(max_context - 1, block_n)))
+    return max(1, min(64, want, triton.cdiv(max_context, 128)))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -134,7 +109,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert Hq % Hk == 0 and block_n >= 16
     if num_splits is None:
-        num_splits = default_num_splits(B, Hk, block_tables.shape[1] * page, block_n)
+        num_splits = default_num_splits(B, Hk, block_tables.shape[1] * page)
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     part = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
