@@ -78,7 +78,17 @@ def _rejection(p: PendingRequest, bs: int, pool: BlockPool,
 
 def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
           prefilling: Sequence[PendingRequest], pool: BlockPool, pinned: int,
-          cfg: SchedulerConfig, on_shed: Callable[[PendingRequest], None] | None = None) -> AdmissionResult:
+          cfg: SchedulerConfig, on_shed: Callable[[PendingRequest], None] | None = None,
+          vetted: int = 0) -> AdmissionResult:
+    """Split ``deferred`` (queue order) into admitted, deferred and rejected requests.
+
+    ``vetted``: the first ``vetted`` requests of ``deferred`` passed ``_rejection`` on an
+    earlier pass (the engine's queue is those, then the arrivals since). Its answer reads
+    only the request, ``cfg`` and the pool's size, none of which change, so it is not asked
+    again. And since a pass never gets a slot back, once none is left a vetted request can
+    only be deferred: the vetted rest of the queue is deferred as one slice, so a saturated
+    batch's pass walks its admissions and its new arrivals, not the whole queue.
+    """
     bs = pool.block_size
     sw = cfg.switches
 
@@ -96,14 +106,18 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
     budget = budget_now()
     slots = cfg.max_decode_batch - len(active) - len(prefilling)
     queue = out.considered
-    for i, p in enumerate(queue):
-        reason = _rejection(p, bs, pool, cfg)
-        if reason is not None:
-            out.rejected.append((p, *reason))
-            if sw.reject_drops_hold and p.kv_prefix.hit_tokens and not p.kv_prefix.released:
-                p.drop_hold()  # at once, so the requests behind it see the freed pages
-                budget = recompute()
-            continue
+
+    def consider(i: int, p: PendingRequest) -> None:
+        """The request at queue[i]: reject, admit or defer it (shedding holds behind it)."""
+        nonlocal budget, slots
+        if i >= vetted:
+            reason = _rejection(p, bs, pool, cfg)
+            if reason is not None:
+                out.rejected.append((p, *reason))
+                if sw.reject_drops_hold and p.kv_prefix.hit_tokens and not p.kv_prefix.released:
+                    p.drop_hold()  # at once, so the requests behind it see the freed pages
+                    budget = recompute()
+                return
         fresh = lifetime_blocks(p.prompt_len, p.req.max_tokens, bs) - credit(p, bs)
         if slots > 0 and fresh > budget and sw.shed_holds_on_defer:
             for rear in reversed(queue[i + 1:]):
@@ -123,4 +137,13 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
             out.deferred.append(p)
             if slots > 0:
                 out.budget_deferred.append(p)
+
+    i = 0
+    while i < len(queue) and slots > 0:
+        consider(i, queue[i])
+        i += 1
+    # No slot left: ``consider`` of a vetted request would only defer it (see the docstring).
+    out.deferred.extend(queue[i:vetted])
+    for j in range(max(i, vetted), len(queue)):
+        consider(j, queue[j])
     return out

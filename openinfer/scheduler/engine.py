@@ -90,6 +90,11 @@ class Engine:
         policy = ResolvePolicy(wait_for_full_hit=self.cfg.role is Role.DECODE and self.cfg.decode_full_hit)
         self.hub = ResolveHub(rt, store, rank, policy)
         self.deferred: list[PendingRequest] = []
+        # The head of ``deferred`` a pass has seen: its first ``_vetted`` requests passed the
+        # adapter check against ``_vetted_adapters`` and admission's static checks; arrivals
+        # join behind them (see _reject_unknown_adapters and _admit).
+        self._vetted = 0
+        self._vetted_adapters: set[str] = set()
         self.prefilling: list[PendingRequest] = []
         self.active: list[ActiveRequest] = []
         self.pending_control: list[PendingControl] = []
@@ -286,16 +291,24 @@ class Engine:
         return ControlResponse(err is None, err, adapters=self.executor.adapters())
 
     def _reject_unknown_adapters(self) -> None:
+        """Reject waiting requests whose adapter is not loaded. A request that passed against
+        the same loaded set passes again, so while that set stays only the arrivals behind
+        the vetted head are checked, and the queue is rebuilt only when one is rejected."""
         if not self.deferred:  # every pass asks; most have nobody waiting
             return
         loaded = set(self.executor.adapters())
-        keep = []
-        for p in self.deferred:
-            if p.req.lora is not None and p.req.lora not in loaded:
-                self._reject(p, f"LoRA adapter is not loaded: {p.req.lora}")
-            else:
-                keep.append(p)
-        self.deferred = keep
+        start = self._vetted if loaded == self._vetted_adapters else 0
+        rejected = [i for i in range(start, len(self.deferred))
+                    if self.deferred[i].req.lora is not None and self.deferred[i].req.lora not in loaded]
+        self._vetted_adapters = loaded
+        if not rejected:
+            return
+        for i in rejected:
+            p = self.deferred[i]
+            self._reject(p, f"LoRA adapter is not loaded: {p.req.lora}")
+        gone = set(rejected)
+        self._vetted -= sum(i < self._vetted for i in rejected)
+        self.deferred = [p for i, p in enumerate(self.deferred) if i not in gone]
 
     # -- admission --------------------------------------------------------------------
     def _admit(self) -> None:
@@ -304,7 +317,7 @@ class Engine:
         if self.cohort is not None:
             self.cohort.refresh_generated(self.active)
         res = admit(self.deferred, self.active, self.prefilling, self.pool,
-                    self.store.pinned_blocks(self.rank), self.cfg)
+                    self.store.pinned_blocks(self.rank), self.cfg, vetted=self._vetted)
         for p, _reason, message in res.rejected:
             self._reject(p, message)
         lost: list[PendingRequest] = []
@@ -317,6 +330,7 @@ class Engine:
                 p.kv = None
                 lost.append(p)
         self.deferred = lost + res.deferred
+        self._vetted = len(self.deferred)  # every request left passed this pass's checks
         self._emit("admission", result=res, lost=lost)
 
     # -- steps ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ same rules are checked end to end through the engine.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,8 @@ from openinfer.kv.prefix import KvPrefix
 from openinfer.kv.request_kv import ceil_div
 from openinfer.runtime import SimRuntime
 from openinfer.scheduler import EventKind, FinishReason, GenerateRequest, SchedulerConfig
-from openinfer.scheduler.admission import RejectReason, admit, future_draws, lifetime_blocks
+from openinfer.scheduler.admission import AdmissionResult, RejectReason, admit, future_draws, lifetime_blocks
+from openinfer.scheduler.config import SchedulerSwitches
 from openinfer.scheduler.records import ActiveRequest, PendingRequest
 
 
@@ -308,3 +310,112 @@ def test_future_draws_of_a_running_row_is_its_lifetime_less_its_written_pages(n:
     """future_draws writes the two formulas out for speed: it must stay equal to them."""
     row = SimpleNamespace(req=SimpleNamespace(prompt=[0] * n, max_tokens=m), generated=gen)
     assert future_draws([row, row], [], bs) == 2 * (lifetime_blocks(n, m, bs) - ceil_div(n + gen - 1, bs))
+
+
+# -- a vetted request is not checked again ---------------------------------------------------
+def _queue(rt: SimRuntime, shapes: list[tuple[int, int, int, bool]]) -> list[PendingRequest]:
+    """Fresh records of (prompt, max_tokens, hit blocks, echo); a hit is a hold of no real
+    pages (only its credit and its release matter to admission)."""
+    out = []
+    for rid, (n, m, hit, echo) in enumerate(shapes, start=1):
+        p = pending(rt, rid, n, m, echo=echo)
+        if hit:
+            p.kv_prefix = KvPrefix(min(hit * BS, n), None, 0)
+        out.append(p)
+    return out
+
+
+def _outcome(res: AdmissionResult, queue: list[PendingRequest]) -> tuple[object, ...]:
+    """Everything a pass decides, by request id, and which holds it dropped."""
+    def ids(ps: list[PendingRequest]) -> list[int]:
+        return [p.id for p in ps]
+    return (ids(res.admitted), ids(res.deferred), [(p.id, r, msg) for p, r, msg in res.rejected],
+            ids(res.shed), ids(res.budget_deferred), ids(res.considered),
+            [p.kv_prefix.released for p in queue])
+
+
+def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ids admission asks its static checks (``_rejection``) about, in order."""
+    import openinfer.scheduler.admission as admission
+    asked: list[int] = []
+    real = admission._rejection
+
+    def counted(p: PendingRequest, *args: Any) -> tuple[RejectReason, str] | None:
+        asked.append(p.id)
+        return real(p, *args)
+    monkeypatch.setattr(admission, "_rejection", counted)
+    return asked
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 64), st.integers(1, 40), st.integers(0, 4), st.booleans()),
+                       max_size=14),
+       running=st.integers(0, 4), cap=st.integers(1, 10), num_blocks=st.integers(4, 24),
+       shed=st.booleans(), drop=st.booleans(), cut=st.integers(0, 14))
+def test_admit_with_a_vetted_head_decides_as_without(shapes: list[tuple[int, int, int, bool]], running: int,
+                                                     cap: int, num_blocks: int, shed: bool, drop: bool,
+                                                     cut: int) -> None:
+    """``vetted`` only saves work: for any head of requests that pass the static checks,
+    admission admits, defers, rejects and sheds exactly as when it checks everything."""
+    rt = SimRuntime()
+    pool = BlockPool(BS, num_blocks)
+    row = SimpleNamespace(req=SimpleNamespace(prompt=[0] * 8, max_tokens=40), generated=1)  # 2 pages to come
+    rows = [row] * running
+    cfg = SchedulerConfig(max_decode_batch=cap, max_context_tokens=96, max_prefill_tokens=48,
+                          switches=SchedulerSwitches(shed_holds_on_defer=shed, reject_drops_hold=drop))
+    probe = admit(_queue(rt, shapes), rows, [], pool, 0, cfg)
+    rejected = {p.id for p, _r, _m in probe.rejected}
+    passing_head = next((i for i, _ in enumerate(shapes) if i + 1 in rejected), len(shapes))
+    vetted = min(cut, passing_head)
+    plain_q, vetted_q = _queue(rt, shapes), _queue(rt, shapes)
+    plain = admit(plain_q, rows, [], pool, 0, cfg)
+    fast = admit(vetted_q, rows, [], pool, 0, cfg, vetted=vetted)
+    assert _outcome(fast, vetted_q) == _outcome(plain, plain_q)
+
+
+def test_a_pass_with_no_free_slot_checks_only_the_unvetted_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every batch slot taken, the vetted head is deferred whole and in order: the
+    static checks run for the arrivals behind it only, and still reject those that fail."""
+    asked = _count_checks(monkeypatch)
+    rt = SimRuntime()
+    pool = BlockPool(BS, 400)
+    rows = [SimpleNamespace(req=SimpleNamespace(prompt=[0] * 4, max_tokens=8), generated=1)] * 2
+    q = [pending(rt, i, 16, 4) for i in range(1, 6)] + [pending(rt, 6, 16, 50_000)]  # 6: too long
+    res = admit(q, rows, [], pool, 0, SchedulerConfig(max_decode_batch=2), vetted=4)
+    assert asked == [5, 6]
+    assert [p.id for p in res.deferred] == [1, 2, 3, 4, 5] and not res.budget_deferred
+    assert [(p.id, r) for p, r, _ in res.rejected] == [(6, RejectReason.CONTEXT_LENGTH)]
+
+
+def test_engine_checks_each_request_once_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the engine, a request waiting many passes for a slot is checked by
+    admission once, on the pass after it arrives; every request still runs."""
+    asked = _count_checks(monkeypatch)
+    rig = make_engine(num_blocks=400, decode_cap=4, prefix_cache=False)
+    hs = [rig.submit(prompt(16, 100 * (i + 1)), 6) for i in range(30)]
+    rig.run(until=0.01)
+    late = [rig.submit(prompt(16, 9000 + 100 * i), 3) for i in range(5)]
+    rig.run()
+    assert all(only_terminal(h).kind is EventKind.FINISHED for h in hs + late)
+    assert sorted(asked) == sorted(h.req_id for h in hs + late)
+    assert rig.at_rest()
+
+
+def test_waiting_requests_are_rechecked_when_their_adapter_goes() -> None:
+    """Requests that passed the adapter check are not asked again while the loaded set
+    stays; when it changes under them, every waiting request is checked again."""
+    rig = make_engine(num_blocks=400, decode_cap=2, prefix_cache=False)
+    assert rig.ex.load_adapter("A") is None
+    hs = [rig.submit(prompt(16, 100 * (i + 1)), 20, lora="A") for i in range(8)]
+    rig.run(until=0.005)
+    waiting = [h for h in hs if not h.events]
+    assert waiting and len(rig.eng.deferred) == len(waiting)
+    assert rig.ex.unload_adapter("A") is None
+    rig.run()
+    for h in hs:
+        t = only_terminal(h)
+        if h in waiting:
+            assert t.kind is EventKind.REJECTED and t.message == "LoRA adapter is not loaded: A"
+        else:
+            assert t.kind is EventKind.FINISHED
+    assert rig.at_rest()
