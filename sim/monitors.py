@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from openinfer.kv.pool_audit import PoolAudit
+from openinfer.kv.prefix import KvPrefix
+from openinfer.kv.probe import PrefixProbe
 from openinfer.errors import AccountingError
 from openinfer.kv.store import KvStore
 from openinfer.kv.request_kv import lifetime_blocks
@@ -134,6 +136,8 @@ class Monitor:
         self.reqs: dict[int, _Req] = {}
         self.by_resolve_id: dict[str, _Req] = {}
         self._stalled_ticks = 0
+        # Per request that joined the queue with a live prefix hold: its prefix and hold.
+        self._holders: dict[int, tuple[KvPrefix, PrefixProbe]] = {}
         self._ticks = 0
         self._last_note = ""
         self._saves: list[Any] = []
@@ -202,17 +206,57 @@ class Monitor:
         self._check_snapshot()
         self._check_liveness()
 
+    def _on_queued(self, d: dict[str, Any]) -> None:
+        for p in d["reqs"]:
+            pre = p.kv_prefix
+            if not pre.released and pre.hold is not None:
+                self._holders[p.id] = (pre, pre.hold)
+
     def _check_holds(self) -> None:
+        """held_page_integrity: every page a queued request's prefix hold pins is still
+        referenced and still holds its block.
+
+        Only the requests that joined the queue with a live hold (``_holders``) are looked
+        at, not the whole queue every pass: a hold is taken before its request queues and,
+        once released, stays released. A broken one among them sends the queue through the
+        walk that names the first broken queued hold, in queue order, as every pass once
+        did; if that walk finds none, the broken ones have left the queue for good (nothing
+        that leaves the waiting and prefilling queues comes back) and are forgotten."""
+        holders = self._holders
+        if not holders:
+            return
+        broken = False
+        for rid, (pre, hold) in list(holders.items()):
+            if pre.released:
+                del holders[rid]
+            elif not broken and self._broken_page(hold) is not None:
+                broken = True
+        if not broken:
+            return
+        self._fail_first_broken_hold()
+        for rid, (_pre, hold) in list(holders.items()):
+            if self._broken_page(hold) is not None:
+                del holders[rid]
+
+    def _broken_page(self, hold: PrefixProbe) -> tuple[int, int] | None:
+        """(block, page) of the hold's first page that is free or holds another block."""
+        pool = self.pool
+        for i, page in enumerate(hold.held.pages):
+            if pool.refcount(page) < 1 or pool.block_hash(page) != hold.seq_hashes[i]:
+                return i, page
+        return None
+
+    def _fail_first_broken_hold(self) -> None:
         e = self.engine
         for queue in (e.deferred, e.prefilling):
             for p in queue:
                 pre = p.kv_prefix
                 if pre.released or pre.hold is None:
                     continue
-                for i, page in enumerate(pre.hold.held.pages):
-                    if self.pool.refcount(page) < 1 or self.pool.block_hash(page) != pre.hold.seq_hashes[i]:
-                        self.fail("held_page_integrity",
-                                  f"r{p.id}'s held page {page} (block {i}) was evicted or reused")
+                bad = self._broken_page(pre.hold)
+                if bad is not None:
+                    self.fail("held_page_integrity",
+                              f"r{p.id}'s held page {bad[1]} (block {bad[0]}) was evicted or reused")
 
     def _check_snapshot(self) -> None:
         e = self.engine

@@ -165,7 +165,7 @@ class Engine:
             self.ticks += 1
             self._emit("tick", tick=self.ticks)
             self._take_intake()
-            self.deferred.extend(self.hub.drain())
+            self._enqueue(self.hub.drain())
             if not (self.active or self.deferred or self.prefilling):
                 if self.pending_control and self._idle_for_control():
                     self._apply_controls()
@@ -220,7 +220,14 @@ class Engine:
         if self.cfg.prefix_cache and not p.req.echo:
             self.hub.route(p)
         else:
-            self.deferred.append(p)
+            self._enqueue([p])
+
+    def _enqueue(self, reqs: list[PendingRequest]) -> None:
+        """Requests join the waiting queue, behind it; "queued" tells observers which, so
+        that one watching queued requests need not walk the whole queue to find them."""
+        if reqs:
+            self.deferred.extend(reqs)
+            self._emit("queued", reqs=reqs)
 
     def _validate(self, req: GenerateRequest) -> tuple[str | None, bytes | None]:
         """(the first problem of the request or None, its prompt as int64 bytes when valid)."""
