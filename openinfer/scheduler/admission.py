@@ -32,6 +32,12 @@ def credit(p: PendingRequest, block_size: int) -> int:
 
 @dataclass
 class AdmissionResult:
+    """One pass's decisions, each list in queue order. ``considered`` is the list the pass
+    was given and ``deferred`` is taken by the engine as its new queue, neither copied: a
+    saturated batch's queue is long, and its copies were most of what a pass cost once
+    the vetted rest went in one slice. So read them during the "admission" event; the
+    engine extends ``deferred`` with the next arrivals."""
+
     admitted: list[PendingRequest] = field(default_factory=list)
     deferred: list[PendingRequest] = field(default_factory=list)
     rejected: list[tuple[PendingRequest, RejectReason, str]] = field(default_factory=list)
@@ -96,7 +102,9 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
         base = pool.available_blocks() - (pinned if sw.subtract_pinned else 0)
         return base - future_draws(active, prefilling, bs)
 
-    out = AdmissionResult(considered=list(deferred))
+    # No copy of the caller's list: the engine replaces its queue after a pass, never
+    # changes the list it passed, and observers read ``considered`` during the pass's event.
+    out = AdmissionResult(considered=deferred if isinstance(deferred, list) else list(deferred))
 
     def recompute() -> int:
         """After holds were dropped mid-pass: what is free, less this pass's admissions."""
@@ -143,7 +151,10 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
         consider(i, queue[i])
         i += 1
     # No slot left: ``consider`` of a vetted request would only defer it (see the docstring).
-    out.deferred.extend(queue[i:vetted])
+    if out.deferred:
+        out.deferred.extend(queue[i:vetted])
+    else:
+        out.deferred = queue[i:vetted]  # the usual case: one copy of the rest, not two
     for j in range(max(i, vetted), len(queue)):
         consider(j, queue[j])
     return out
