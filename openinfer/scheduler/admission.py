@@ -32,11 +32,14 @@ def credit(p: PendingRequest, block_size: int) -> int:
 
 @dataclass
 class AdmissionResult:
-    """One pass's decisions, each list in queue order. ``considered`` is the list the pass
-    was given and ``deferred`` is taken by the engine as its new queue, neither copied: a
-    saturated batch's queue is long, and its copies were most of what a pass cost once
-    the vetted rest went in one slice. So read them during the "admission" event; the
-    engine extends ``deferred`` with the next arrivals."""
+    """One pass's decisions, each list in queue order.
+
+    A pass looks at requests one by one while a batch slot is free, then leaves the
+    vetted rest of the queue deferred where it stands (``kept``, positions in the queue)
+    and looks at the arrivals behind it. ``considered`` and ``deferred`` hold the requests
+    it looked at (with ``vetted=0``, as in the tests, the whole queue); ``requeue`` turns
+    the queue into the one the pass leaves without copying the kept part.
+    """
 
     admitted: list[PendingRequest] = field(default_factory=list)
     deferred: list[PendingRequest] = field(default_factory=list)
@@ -44,6 +47,18 @@ class AdmissionResult:
     shed: list[PendingRequest] = field(default_factory=list)
     budget_deferred: list[PendingRequest] = field(default_factory=list)
     considered: list[PendingRequest] = field(default_factory=list)  # queue order
+    kept: range = range(0)
+    deferred_before_kept: int = 0  # deferred[:this] stand before ``kept`` in the queue
+
+    def requeue(self, queue: list[PendingRequest], front: Sequence[PendingRequest] = ()) -> None:
+        """Make ``queue``, the list this pass was given, the queue it leaves, in place:
+        ``front`` (the engine's admissions that lost a race for pages), the deferred
+        requests before ``kept``, the kept ones, then the deferred ones after them. The
+        kept requests are only moved along the list, not copied: a saturated queue is
+        long, and a copy per pass made the t=0 batch quadratic."""
+        cut = self.deferred_before_kept
+        queue[self.kept.stop:] = self.deferred[cut:]
+        queue[:self.kept.start] = [*front, *self.deferred[:cut]]
 
 
 def future_draws(active: Sequence[ActiveRequest], prefilling: Sequence[PendingRequest],
@@ -92,8 +107,8 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
     earlier pass (the engine's queue is those, then the arrivals since). Its answer reads
     only the request, ``cfg`` and the pool's size, none of which change, so it is not asked
     again. And since a pass never gets a slot back, once none is left a vetted request can
-    only be deferred: the vetted rest of the queue is deferred as one slice, so a saturated
-    batch's pass walks its admissions and its new arrivals, not the whole queue.
+    only be deferred: the vetted rest of the queue is left where it stands (``kept``), so a
+    saturated batch's pass looks at its admissions and its new arrivals, not the queue.
     """
     bs = pool.block_size
     sw = cfg.switches
@@ -102,9 +117,7 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
         base = pool.available_blocks() - (pinned if sw.subtract_pinned else 0)
         return base - future_draws(active, prefilling, bs)
 
-    # No copy of the caller's list: the engine replaces its queue after a pass, never
-    # changes the list it passed, and observers read ``considered`` during the pass's event.
-    out = AdmissionResult(considered=deferred if isinstance(deferred, list) else list(deferred))
+    out = AdmissionResult()
 
     def recompute() -> int:
         """After holds were dropped mid-pass: what is free, less this pass's admissions."""
@@ -113,7 +126,7 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
 
     budget = budget_now()
     slots = cfg.max_decode_batch - len(active) - len(prefilling)
-    queue = out.considered
+    queue = deferred
 
     def consider(i: int, p: PendingRequest) -> None:
         """The request at queue[i]: reject, admit or defer it (shedding holds behind it)."""
@@ -151,10 +164,9 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
         consider(i, queue[i])
         i += 1
     # No slot left: ``consider`` of a vetted request would only defer it (see the docstring).
-    if out.deferred:
-        out.deferred.extend(queue[i:vetted])
-    else:
-        out.deferred = queue[i:vetted]  # the usual case: one copy of the rest, not two
-    for j in range(max(i, vetted), len(queue)):
+    out.kept = range(i, max(i, vetted))
+    out.deferred_before_kept = len(out.deferred)
+    for j in range(out.kept.stop, len(queue)):
         consider(j, queue[j])
+    out.considered = [*queue[:i], *queue[out.kept.stop:]]
     return out

@@ -336,7 +336,7 @@ class Engine:
                 kv.release()
                 p.kv = None
                 lost.append(p)
-        self.deferred = lost + res.deferred if lost else res.deferred  # the pass's own list: no copy
+        res.requeue(self.deferred, lost)
         self._vetted = len(self.deferred)  # every request left passed this pass's checks
         self._emit("admission", result=res, lost=lost)
 

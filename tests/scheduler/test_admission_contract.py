@@ -326,12 +326,16 @@ def _queue(rt: SimRuntime, shapes: list[tuple[int, int, int, bool]]) -> list[Pen
 
 
 def _outcome(res: AdmissionResult, queue: list[PendingRequest]) -> tuple[object, ...]:
-    """Everything a pass decides, by request id, and which holds it dropped."""
+    """Everything a pass decides, by request id: the queue it leaves (``requeue`` applied
+    to a copy of the queue it was given, its first admission put back in front as the
+    engine does with one that lost a race), what it admitted, rejected and shed, and
+    which holds it dropped."""
     def ids(ps: list[PendingRequest]) -> list[int]:
         return [p.id for p in ps]
-    return (ids(res.admitted), ids(res.deferred), [(p.id, r, msg) for p, r, msg in res.rejected],
-            ids(res.shed), ids(res.budget_deferred), ids(res.considered),
-            [p.kv_prefix.released for p in queue])
+    left = list(queue)
+    res.requeue(left, res.admitted[:1])
+    return (ids(left), ids(res.admitted), [(p.id, r, msg) for p, r, msg in res.rejected],
+            ids(res.shed), ids(res.budget_deferred), [p.kv_prefix.released for p in queue])
 
 
 def _count_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -370,12 +374,19 @@ def test_admit_with_a_vetted_head_decides_as_without(shapes: list[tuple[int, int
     plain_q, vetted_q = _queue(rt, shapes), _queue(rt, shapes)
     plain = admit(plain_q, rows, [], pool, 0, cfg)
     fast = admit(vetted_q, rows, [], pool, 0, cfg, vetted=vetted)
+    assert set(fast.kept) <= set(range(vetted))
+    decided = {p.id for p in fast.admitted} | {p.id for p, _r, _m in fast.rejected}
+    left = list(vetted_q)
+    fast.requeue(left, fast.admitted[:1])  # the queue less what was decided, in its order
+    assert [p.id for p in left] == [p.id for p in fast.admitted[:1]] + [p.id for p in vetted_q if p.id not in decided]
+    assert [p.id for p in fast.considered] == [p.id for i, p in enumerate(vetted_q) if i not in fast.kept]
     assert _outcome(fast, vetted_q) == _outcome(plain, plain_q)
 
 
 def test_a_pass_with_no_free_slot_checks_only_the_unvetted_tail(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With every batch slot taken, the vetted head is deferred whole and in order: the
-    static checks run for the arrivals behind it only, and still reject those that fail."""
+    """With every batch slot taken, the vetted head stays deferred where it stands (kept,
+    not looked at): the static checks run for the arrivals behind it only, and still
+    reject those that fail."""
     asked = _count_checks(monkeypatch)
     rt = SimRuntime()
     pool = BlockPool(BS, 400)
@@ -383,8 +394,32 @@ def test_a_pass_with_no_free_slot_checks_only_the_unvetted_tail(monkeypatch: pyt
     q = [pending(rt, i, 16, 4) for i in range(1, 6)] + [pending(rt, 6, 16, 50_000)]  # 6: too long
     res = admit(q, rows, [], pool, 0, SchedulerConfig(max_decode_batch=2), vetted=4)
     assert asked == [5, 6]
-    assert [p.id for p in res.deferred] == [1, 2, 3, 4, 5] and not res.budget_deferred
+    assert res.kept == range(0, 4)
+    assert [p.id for p in res.considered] == [5, 6] and [p.id for p in res.deferred] == [5]
     assert [(p.id, r) for p, r, _ in res.rejected] == [(6, RejectReason.CONTEXT_LENGTH)]
+    assert not res.admitted and not res.budget_deferred
+    res.requeue(q)
+    assert [p.id for p in q] == [1, 2, 3, 4, 5]
+
+
+def test_requeue_puts_back_front_deferred_kept_and_arrivals_in_queue_order() -> None:
+    """A pass that defers one request for pages, admits the next into the last slot, keeps
+    the vetted rest and looks at two arrivals: the queue it leaves is the admission put
+    back in front (as a lost race is), then every request it did not admit or reject, in
+    queue order."""
+    rt = SimRuntime()
+    pool = BlockPool(BS, 6)                          # 5 usable pages
+    row = SimpleNamespace(req=SimpleNamespace(prompt=[0] * 16, max_tokens=17), generated=1)  # 2 to come
+    q = [pending(rt, 1, 64, 1),                       # 4 pages > 3 free: deferred for pages
+         pending(rt, 2, 16, 1),                       # 1 page: takes the one slot
+         pending(rt, 3, 16, 1), pending(rt, 4, 16, 1),  # vetted, no slot: kept
+         pending(rt, 5, 16, 1), pending(rt, 6, 16, 50_000)]  # arrivals: deferred, rejected
+    res = admit(q, [row], [], pool, 0, SchedulerConfig(max_decode_batch=2), vetted=4)
+    assert [p.id for p in res.admitted] == [2] and [p.id for p in res.budget_deferred] == [1]
+    assert res.kept == range(2, 4) and [p.id for p in res.deferred] == [1, 5]
+    assert [p.id for p in res.considered] == [1, 2, 5, 6]
+    res.requeue(q, res.admitted)
+    assert [p.id for p in q] == [2, 1, 3, 4, 5]
 
 
 def test_engine_checks_each_request_once_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
