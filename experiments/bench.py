@@ -19,8 +19,8 @@ wall cost at the largest size over the smallest; 1.00 = linear) and each target 
 issue with PASS or MISS. The largest of two or more sizes runs ``big_repeats`` times,
 every other size ``repeats`` times. ``<case>_sizes=`` sets one case's sizes; without it a
 case runs ``sizes``, except that the offline batch runs 1000,10000 while ``sizes`` is left
-at its default: its cost per request grows with the batch (see NOMINAL), so 100k would
-take hours.
+at its default: every request of it is held from t=0, so a 100k batch peaks at ~3.6 GB
+(one run at 0ce20cb: 103 s, 971 req/s).
 
 ``scaling=paired`` (the default, ``auto``, on a machine with two or more CPUs) runs each
 run of the largest size pinned to one CPU while the smallest size runs back to back on
@@ -66,11 +66,11 @@ LINEAR_MAX = 1.10          # "linear": per-request cost at 100k at most 10% abov
 TARGET_PEAK_MB = 1500.0    # 1.5 GB = 1,500 MB of 10^6 bytes
 
 # Wall seconds of one run of n requests on this 2-core machine (2026-12-03, fitted to 1k
-# and 10k runs; chat 2026-12-05, its 10k runs then), for the time estimate only:
-# n / rate + quad * n^2. The offline batch is superlinear (admission walks the whole waiting queue on every scheduler pass), which is
-# why its default sizes stop at 10k: 100k would take hours. The progress lines rescale the
-# model by what the runs measure as they finish.
-NOMINAL = {"chat": (1100.0, 0.0), "pd": (130.0, 0.0), "offline": (460.0, 1.35e-6)}
+# and 10k runs; chat 2026-12-05, its 10k runs then; offline 2026-12-05 at 0ce20cb, its 1k
+# and 10k runs then, 1.03 per request paired), for the time estimate only:
+# n / rate + quad * n^2. The progress lines rescale the model by what the runs measure as
+# they finish.
+NOMINAL = {"chat": (1100.0, 0.0), "pd": (130.0, 0.0), "offline": (1100.0, 0.0)}
 STARTUP_S = 1.0            # a fresh interpreter and the imports, per run
 DEFAULT_SIZES = {"offline": "1000,10000"}
 # Monitor findings a case produces by construction, not by a bug: every request of the
@@ -93,7 +93,7 @@ class BenchConfig:
     sizes: str = "10000,100000"
     chat_sizes: str | None = None      # per-case sizes; None: ``sizes``
     pd_sizes: str | None = None
-    offline_sizes: str | None = None   # None: 1000,10000 (see NOMINAL)
+    offline_sizes: str | None = None   # None: 1000,10000 (see the module docstring)
     repeats: int = 3
     big_repeats: int = 1
     scaling: str = "auto"              # paired | sequential | auto (paired with >= 2 CPUs)
