@@ -18,7 +18,8 @@ from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels._tuning import env_choice
 
 # A decode step's norm is one program per row (one at batch 1) whose time is the latency of
-# its reads; more warps issue them in fewer rounds. Triton's default is 4.
+# its reads. Triton's default is 4; 8 made no difference beyond noise on an H100
+# (results/gpu/tiles_attempt/).
 NORM_WARPS = env_choice("OPENINFER_NORM_WARPS", 4, (1, 2, 4, 8, 16), "warps per RMSNorm row")
 
 

@@ -46,7 +46,8 @@ PRE_TILES = env_choice("OPENINFER_SKINNY_PRE", 3, _PRE_RANGE, "W tiles read befo
 PRE_TILES_GATED = env_choice("OPENINFER_SKINNY_PRE_GATED", 1, _PRE_RANGE,
                              "W tiles read before the PDL wait, gated GEMM")
 # Output rows per program of the gated (gate/up) GEMM: its 2 x 9,728 rows at a 4B make 304
-# programs of 32 (2.3 a SM of an H200: the last wave is a third full), 608 of 16.
+# programs of 32, 608 of 16. 16 was timed as a fuller last wave and was slower: bs1 decode
+# +12.6% on an H100 (results/gpu/tiles_attempt/), so 32 stays.
 GATED_BLOCK_N = env_choice("OPENINFER_SKINNY_GATED_BN", 32, (16, 32, 64),
                            "output rows per program of the gated GEMM")
 
