@@ -20,7 +20,7 @@ issue with PASS or MISS. The largest of two or more sizes runs ``big_repeats`` t
 every other size ``repeats`` times. ``<case>_sizes=`` sets one case's sizes; without it a
 case runs ``sizes``, except that the offline batch runs 1000,10000 while ``sizes`` is left
 at its default: every request of it is held from t=0, so a 100k batch peaks at ~3.6 GB
-(one run at 0ce20cb: 103 s, 971 req/s).
+(measured at 0ce20cb).
 
 ``scaling=paired`` (the default, ``auto``, on a machine with two or more CPUs) runs each
 run of the largest size pinned to one CPU while the smallest size runs back to back on
