@@ -103,6 +103,41 @@ def test_decode_bf16(device):
     torch.testing.assert_close(out, ref, **BF16_TOL)
 
 
+@pytest.mark.parametrize("dtype,parts,num_splits", [(torch.float32, 1, 1), (torch.float32, 3, 3),
+                                                     (torch.float32, 1, 4), (torch.bfloat16, 2, 3)])
+def test_decode_from_qkv_parts(device, dtype, parts, num_splits):
+    """The decode attention that does q/k norm + RoPE + KV write itself equals the two
+    reference steps (qkv_norm_rope_write, then paged attention): outputs, and the arena
+    after it, where only the newest token's slot of each real row changed. The newest slot
+    holds NaN before the call, so a result that read it instead of folding in the computed
+    K/V would not be finite. Rows: empty splits, several tiles a split (70 tokens, tiles of
+    16), the newest token mid-page and in a split's later tile, two padding rows."""
+    seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1), (69, 1)]
+    arena = _arena(device, 4, num_pages=48, dtype=dtype)
+    bt, lens, qloc, B = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=2)
+    last = (lens - 1).long()
+    real = torch.arange(B, device=device) < len(seqs)
+    slots = torch.where(real, bt.long().gather(1, (last // 4)[:, None])[:, 0] * 4 + last % 4, -1)
+    for kv in (0, 1):
+        arena.data[slots[real] // 4, 1, kv, slots[real] % 4] = float("nan")
+    qkv = _split_parts(torch.randn(B, (HQ + 2 * HK) * D, device=device).to(dtype), parts)
+    wq = (1 + 0.1 * torch.randn(D, device=device)).to(dtype)
+    wk = (1 + 0.1 * torch.randn(D, device=device)).to(dtype)
+    cos, sin = rope_tables(D, 1e6, 128, dtype, device)
+    got, want = arena.data.clone(), arena.data.clone()
+    src = K.QKVParts(qkv, HQ, wq, wk, cos, sin, last, slots, 1e-6)
+    out = K.decode_attention(src, got[:, 1, 0], got[:, 1, 1], bt, lens, 0.25,
+                             num_splits=num_splits, block_n=16)
+    q = R.qkv_norm_rope_write(qkv, wq, wk, cos, sin, last, 1e-6, want[:, 1, 0], want[:, 1, 1],
+                              slots, HQ)
+    ref = R.paged_attention(q, want[:, 1, 0], want[:, 1, 1], bt, lens, qloc, 0.25)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, **_tol(dtype))
+    torch.testing.assert_close(got, want, **_tol(dtype), equal_nan=True)
+    changed = ~(got == arena.data) & ~(got.isnan() & arena.data.isnan())
+    assert changed.flatten(3).any(-1).sum().item() == 2 * len(seqs)   # K and V, one slot a row
+
+
 def test_default_num_splits_static():
     assert K.default_num_splits(1, 8, 40960) == 64
     assert K.default_num_splits(1, 8, 4112) == 33    # bs 1 at 4k: ~125 tokens a split

@@ -34,9 +34,16 @@ def sequences(hf_tiny, device):
     return seqs
 
 
-@pytest.fixture(scope="module", params=["reference", "triton"])
+@pytest.fixture(scope="module", params=["reference", "triton", "triton-rope-in-attention"])
 def model(request, tiny_ckpt, device):
-    return Qwen3Model.from_pretrained(tiny_ckpt, device=device, backend=request.param)
+    """``triton`` as configured (batch-1 decode does q/k norm + RoPE + KV write inside the
+    decode attention, the 3-row batches here use the separate kernel);
+    ``triton-rope-in-attention`` does it inside the attention at every decode batch."""
+    backend = request.param
+    if backend == "triton-rope-in-attention":
+        from openinfer.models.qwen3.ops import TritonOps
+        backend = TritonOps(decode_from_qkv_rows=1 << 30)
+    return Qwen3Model.from_pretrained(tiny_ckpt, device=device, backend=backend)
 
 
 def _page_tables(n_seqs, pages_each, seed=0):
@@ -148,3 +155,29 @@ def test_padded_decode_batch_matches_unpadded(model, sequences):
     assert torch.equal(arena.data[0], saved[0])
     with pytest.raises(ConfigError, match="pad_to"):
         FlatInputs.build(step, BLOCK, pad_to=(4, 8), decode=True)
+
+
+def test_batch1_decode_does_rope_inside_the_attention(tiny_ckpt, device, sequences, monkeypatch):
+    """With the default knobs a one-row decode step runs q/k norm + RoPE + KV write inside
+    the decode attention (no separate kernel launch), and still matches HF; a 3-row decode
+    step uses the separate kernel."""
+    from openinfer.models.qwen3.ops import TritonOps
+    model = Qwen3Model.from_pretrained(tiny_ckpt, device=device, backend="triton")
+    assert isinstance(model.ops, TritonOps) and model.ops.decode_from_qkv_rows == 1
+    calls = []
+    separate = model.ops.k.qkv_norm_rope_write
+    monkeypatch.setattr(model.ops.k, "qkv_norm_rope_write",
+                        lambda *a, **kw: calls.append(a[0].shape[1]) or separate(*a, **kw))
+    arena = model.make_arena(1 + 3 * 5, BLOCK)
+    tables = _page_tables(3, 5, seed=4)
+    (ids, ref), t = sequences[0], tables[0]
+    model([SeqInput(ids[:-1], 0, t)], arena)
+    assert calls == [len(ids) - 1] * model.cfg.num_hidden_layers       # prefill: separate
+    calls.clear()
+    out = model([SeqInput(ids[-1:], len(ids) - 1, t)], arena)
+    assert calls == [] and _max_diff(out[0], ref[-1]) <= ATOL
+    model([SeqInput(i[:-1], 0, tb) for (i, _), tb in zip(sequences[1:], tables[1:])], arena)
+    step = [SeqInput(i[-1:], len(i) - 1, tb) for (i, _), tb in zip(sequences, tables)]
+    step[0] = SeqInput(ids[-1:], len(ids) - 1, t)
+    model(step, arena)
+    assert calls[-1] == 3

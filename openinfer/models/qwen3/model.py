@@ -84,11 +84,9 @@ class Qwen3Model:
         """Attention output ``[T, q_size]``, before ``o_proj``; K/V of the new tokens are
         written into layer ``i`` of the arena on the way."""
         c = self.cfg
-        q = self.ops.qkv_norm_rope_write(self.ops.linear(x, lw.qkv_proj), lw.q_norm, lw.k_norm,
-                                         self.cos, self.sin, batch.positions, c.rms_norm_eps,
-                                         arena.k(i), arena.v(i), batch.slot_mapping,
-                                         c.num_attention_heads)
-        o = self.ops.attention(q, arena.k(i), arena.v(i), batch, self.scale)
+        o = self.ops.qkv_attention(self.ops.linear(x, lw.qkv_proj), lw.q_norm, lw.k_norm,
+                                   self.cos, self.sin, c.rms_norm_eps, arena.k(i), arena.v(i),
+                                   batch, c.num_attention_heads, self.scale)
         return o.view(x.shape[0], c.q_size)
 
     def _check_arena(self, arena: KVArena) -> None:

@@ -7,7 +7,8 @@ new backend (FlashInfer, say) is one more class.
 
 Projections return *parts* ``[S, T, N]`` (``kernels/_parts.py``): the Triton backend's
 decode GEMM may leave split-K partial sums for the next fused op to add, so the two
-consumers of a projection (``add_rms_norm``, ``qkv_norm_rope_write``) take parts.
+consumers of a projection (``add_rms_norm``, ``qkv_norm_rope_write``, ``qkv_attention``)
+take parts.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ class ReferenceOps:
         return self.r.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
                                           v_cache, slot_mapping, num_q_heads)
 
+    def qkv_attention(self, qkv: torch.Tensor, q_w: torch.Tensor, k_w: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, eps: float, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, batch: ForwardBatch, num_q_heads: int,
+                      scale: float) -> torch.Tensor:
+        """Attention from the QKV projection's parts: q/k norm + RoPE, K/V written to the
+        batch's slots, then attention over each sequence's pages -> ``[T, Hq, D]``."""
+        q = self.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, batch.positions, eps, k_cache,
+                                     v_cache, batch.slot_mapping, num_q_heads)
+        return self.attention(q, k_cache, v_cache, batch, scale)
+
     def gate_up_silu(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``silu(x W_gate^T) * (x W_up^T)`` from the fused ``[2I, K]`` weight."""
         return self.r.silu_mul(F.linear(x, w))
@@ -66,12 +77,18 @@ class TritonOps(ReferenceOps):
     name = "triton"
 
     def __init__(self, decode_splits: int | None = None, block_m: int = 64,
-                 block_n: int = 64) -> None:
+                 block_n: int = 64, decode_from_qkv_rows: int | None = None) -> None:
+        """``block_m``/``block_n``: prefill attention tiles (decode's are launch knobs of
+        ``decode_attention``); decode batches of at most ``decode_from_qkv_rows`` rows
+        (default: OPENINFER_DECODE_FROM_QKV_ROWS) run q/k norm + RoPE in the attention."""
         super().__init__()
         from openinfer.models.qwen3 import kernels
+        from openinfer.models.qwen3.kernels.decode_attention import FROM_QKV_ROWS
         self.k = kernels
         self.decode_splits = decode_splits
         self.block_m, self.block_n = block_m, block_n
+        self.decode_from_qkv_rows = (FROM_QKV_ROWS if decode_from_qkv_rows is None
+                                     else decode_from_qkv_rows)
 
     def _skinny(self, x: torch.Tensor) -> bool:
         return x.shape[0] <= self.k.MAX_ROWS
@@ -90,6 +107,20 @@ class TritonOps(ReferenceOps):
         return self.k.qkv_norm_rope_write(qkv, q_w, k_w, cos, sin, positions, eps, k_cache,
                                           v_cache, slot_mapping, num_q_heads)
 
+    def qkv_attention(self, qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch, num_q_heads,
+                      scale):
+        """A small decode batch takes one kernel (plus the split reduce) for q/k norm +
+        RoPE + KV write + attention (``decode_attention`` with ``QKVParts``)."""
+        D = k_cache.shape[-1]
+        small = batch.is_decode and batch.num_seqs <= self.decode_from_qkv_rows
+        if not (small and D >= 16 and D & (D - 1) == 0):
+            return super().qkv_attention(qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch,
+                                         num_q_heads, scale)
+        src = self.k.QKVParts(qkv, num_q_heads, q_w, k_w, cos, sin, batch.positions,
+                              batch.slot_mapping, eps)
+        return self.k.decode_attention(src, k_cache, v_cache, batch.block_tables,
+                                       batch.seq_lens, scale, self.decode_splits)
+
     def gate_up_silu(self, x, w):
         return self.k.skinny_gated(x, w) if self._skinny(x) else super().gate_up_silu(x, w)
 
@@ -101,8 +132,7 @@ class TritonOps(ReferenceOps):
     def attention(self, q, k_cache, v_cache, batch, scale):
         if batch.is_decode:
             return self.k.decode_attention(q, k_cache, v_cache, batch.block_tables,
-                                           batch.seq_lens, scale, self.decode_splits,
-                                           block_n=self.block_n)
+                                           batch.seq_lens, scale, self.decode_splits)
         return self.k.prefill_attention(q, k_cache, v_cache, batch.block_tables,
                                         batch.seq_lens, batch.query_start_loc,
                                         batch.max_query_len, scale, self.block_m, self.block_n)

@@ -8,56 +8,137 @@ is read once per group. Shapes depend only on (batch, heads, num_splits): no hos
 no data-dependent shapes, so the pair can be captured in a CUDA graph; ``num_splits`` is a
 compile-time constant chosen per batch bucket.
 
+Every cached token but the newest (position ``seq_len - 1``) was written before the kernel
+this one waits on, so each program reads its page-table entries and its first K/V tile
+ahead of the PDL wait and folds the newest token in after it, as one extra row. Given
+``QKVParts`` instead of q, the kernel also does what ``qkv_rope`` does for a decode row
+(q/k norm + RoPE, the newest K/V into its slot), one launch fewer a layer; it pays at batch
+1 and is the default there (results/gpu/decode_from_qkv/).
+
 Tried and measured slower (results/gpu/tiles_attempt/): fixed 64-token tiles dealt
-round-robin to the splits, the first read ahead of the PDL wait. On an H100 it cost 1-2% at
-batch 1 and 3-16% at batch 32-64, so every program waits first and takes an equal share of
-the sequence's actual length.
+round-robin to the splits. On an H100 it cost 1-2% at batch 1 and 3-16% at batch 32-64, so
+every program takes an equal share of the sequence's actual length.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
-from openinfer.models.qwen3.kernels._paged_tile import attend_tile, kv_tile
+from openinfer.models.qwen3.kernels._paged_tile import attend_row, attend_tile, kv_tile
+from openinfer.models.qwen3.kernels._parts import load_parts
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
+from openinfer.models.qwen3.kernels._tuning import env_choice
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
+from openinfer.models.qwen3.kernels.qkv_rope import norm_rope_heads
+
+
+# Launch knobs, from side-by-side runs on an H100 (results/gpu/decode_from_qkv/). Decode
+# batches of at most FROM_QKV_ROWS rows do q/k norm + RoPE + KV write inside this kernel
+# (``QKVParts``): a batch-1 step was 1.9-3.6% faster. Fused at batch 32/64 it was ~3%
+# slower, likely from registers (the fused program: 143 a thread at 4 warps, 106 at 8;
+# 114 before), so larger batches keep the separate kernel. The first tile is read ahead of
+# the PDL wait into registers, which 32-token tiles keep cheap (64: 168 registers, and
+# +3-14% at batch >= 8 even unfused).
+FROM_QKV_ROWS = env_choice("OPENINFER_DECODE_FROM_QKV_ROWS", 1, (0, 1, 8, 16, 32, 64, 256),
+                           "largest decode batch that does q/k norm + RoPE in the attention")
+BLOCK_N = env_choice("OPENINFER_DECODE_BLOCK_N", 32, (16, 32, 64, 128),
+                     "tokens per K/V tile of the decode attention")
+WARPS = env_choice("OPENINFER_DECODE_WARPS", 0, (0, 1, 2, 4, 8),
+                   "warps per decode program (0: 8 with QKVParts, else 4)")
+
+
+@triton.jit
+def _cat_halves(a, b, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """``[R, HALF]`` twice -> ``[R, 2 HALF]`` (``a`` first), the layout a head is stored in."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (ROWS, 2 * HALF))
 
 
 @triton.jit
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr, seq_lens_ptr,
-                         sm_scale, s_qt, s_qh, s_ot, s_oh, s_kp, s_ko, s_kh, s_vp, s_vo, s_vh,
-                         s_bt, s_pb, s_ph, s_ps, s_lb, s_lh,
+                         qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, eps,
+                         sm_scale, s_qs, s_qt, s_qh, s_ot, s_oh, s_kp, s_ko, s_kh, s_vp, s_vo,
+                         s_vh, s_bt, s_pb, s_ph, s_ps, s_lb, s_lh, s_c,
                          HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-                         UPCAST: tl.constexpr, PDL: tl.constexpr):
+                         UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
+                         HK: tl.constexpr, NUM_PARTS: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    pdl_wait(PDL)
+    # Step inputs (lengths, page table, positions, slots) and every cached token but the
+    # newest were written before the kernel this one waits on, so they are read ahead of
+    # the wait; the newest token (position seq_len - 1) is folded in after it.
     seq_len = tl.load(seq_lens_ptr + b)
     per_split = tl.cdiv(seq_len, NUM_SPLITS)
     lo = split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
+    last = seq_len - 1
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
-    q = tl.load(q_ptr + b * s_qt + heads[:, None] * s_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    bt_row = bt_ptr + b * s_bt
+    k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, lo, hi, last, kvh, s_kp, s_ko, s_kh,
+                           s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
+    dt = kc_ptr.dtype.element_ty
+    if FROM_QKV:
+        # q/k norm + RoPE + KV write of the newest token, done here instead of by a kernel
+        # of its own (qkv_rope.py): q_ptr holds the QKV projection's parts.
+        HALF: tl.constexpr = HEAD_DIM // 2
+        pos = tl.load(pos_ptr + b)
+        slot = tl.load(slot_ptr + b)
+        c = tl.load(cos_ptr + pos * s_c + tl.arange(0, HALF))[None, :].to(tl.float32)
+        s = tl.load(sin_ptr + pos * s_c + tl.arange(0, HALF))[None, :].to(tl.float32)
+        pdl_wait(PDL)
+        row = q_ptr + b * s_qt
+        q1, q2 = norm_rope_heads(row + heads[:, None] * HEAD_DIM, s_qs, qw_ptr, c, s, eps,
+                                 g_mask[:, None], NUM_PARTS, HALF, dt)
+        q = _cat_halves(q1, q2, BLOCK_G, HALF)
+        one = tl.full([1, 1], 0, tl.int32)
+        k1, k2 = norm_rope_heads(row + (HQ + kvh) * HEAD_DIM + one, s_qs, kw_ptr, c, s, eps,
+                                 one == 0, NUM_PARTS, HALF, dt)
+        k_new = _cat_halves(k1, k2, 1, HALF)
+        v_new = load_parts(row + (HQ + HK + kvh) * HEAD_DIM + offs_d[None, :], s_qs, 0,
+                           d_mask[None, :], NUM_PARTS, dt)
+        # The program whose range holds the newest token writes it (slot < 0: a padding
+        # row, nothing is written and the cache's own value is used, as the split kernel
+        # would read it).
+        mine = (lo <= last) & (last < hi) & (slot >= 0)
+        page = tl.where(slot >= 0, slot // PAGE, 0)
+        off = tl.where(slot >= 0, slot % PAGE, 0)
+        w_mask = d_mask[None, :] & mine
+        tl.store(kc_ptr + page * s_kp + off * s_ko + kvh * s_kh + offs_d[None, :], k_new,
+                 mask=w_mask)
+        tl.store(vc_ptr + page * s_vp + off * s_vo + kvh * s_vh + offs_d[None, :], v_new,
+                 mask=w_mask)
+        if slot < 0:
+            k_new, v_new, _ = kv_tile(kc_ptr, vc_ptr, bt_row, last, last + 1, -1, kvh, s_kp,
+                                      s_ko, s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, 1)
+    else:
+        pdl_wait(PDL)
+        q = tl.load(q_ptr + b * s_qt + heads[:, None] * s_qh + offs_d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+        k_new, v_new, _ = kv_tile(kc_ptr, vc_ptr, bt_row, last, last + 1, -1, kvh, s_kp, s_ko,
+                                  s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, 1)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    bt_row = bt_ptr + b * s_bt
-    for start in range(lo, hi, BLOCK_N):
-        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, hi, kvh, s_kp, s_ko, s_kh,
-                               s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
+    m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
+                                DOT_PREC, UPCAST)
+    for start in range(lo + BLOCK_N, hi, BLOCK_N):
+        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, hi, last, kvh, s_kp, s_ko,
+                               s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
         m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
                                     DOT_PREC, UPCAST)
+    if (lo <= last) & (last < hi):
+        m_i, l_i, acc = attend_row(q, k_new, v_new, m_i, l_i, acc, sm_scale)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = g_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
@@ -98,34 +179,72 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
     return max(1, min(64, want, triton.cdiv(max_context, 128)))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+@dataclass(frozen=True)
+class QKVParts:
+    """The query side of a decode attention that also does the q/k norm + RoPE + KV write
+    of ``qkv_norm_rope_write`` (same arguments): one kernel fewer a layer, and the cached
+    K/V is read while the QKV projection still runs (the wait is on that GEMM)."""
+
+    qkv: torch.Tensor            # the QKV projection's parts [S, B, (Hq + 2 Hk) D]
+    num_q_heads: int
+    q_norm: torch.Tensor         # [D]
+    k_norm: torch.Tensor         # [D]
+    cos: torch.Tensor            # RoPE tables [max_pos, D] (HF's, halves repeated)
+    sin: torch.Tensor
+    positions: torch.Tensor      # [B], seq_len - 1 of each row
+    slot_mapping: torch.Tensor   # [B], that position's arena slot; < 0: write nothing
+    eps: float
+
+
+def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     num_splits: int | None = None, block_n: int = 64,
-                     num_warps: int = 4) -> torch.Tensor:
-    """q ``[B, Hq, D]`` (one token per sequence), caches ``[pages, block, Hk, D]``,
-    ``seq_lens[b] >= 1`` -> out ``[B, Hq, D]``. Padding rows: seq_len 1 on a padding page."""
-    B, Hq, D = q.shape
-    Hk, page = k_cache.shape[2], k_cache.shape[1]
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    assert Hq % Hk == 0 and block_n >= 16
+                     num_splits: int | None = None, block_n: int = BLOCK_N,
+                     num_warps: int | None = None) -> torch.Tensor:
+    """q ``[B, Hq, D]`` (one token per sequence, its K/V already written), or the QKV
+    projection as ``QKVParts`` (its K/V is written here); caches ``[pages, block, Hk, D]``,
+    ``seq_lens[b] >= 1`` -> out ``[B, Hq, D]``. Padding rows: seq_len 1 on a padding page
+    (and slot -1)."""
+    Hk, D, page = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and block_n >= 16
+    if isinstance(q, QKVParts):
+        src, parts, Hq = q, q.qkv, q.num_q_heads
+        S, B, width = parts.shape
+        assert width == (Hq + 2 * Hk) * D and parts.stride(-1) == 1
+        assert D >= 16 and triton.next_power_of_2(D) == D, \
+            "q/k norm + RoPE in the decode attention needs a power-of-two head_dim >= 16"
+        assert src.cos.stride() == src.sin.stride() and src.cos.stride(-1) == 1
+        q_ptr, s_qs, s_qt, s_qh = parts, parts.stride(0), parts.stride(1), D
+        rope = (src.q_norm, src.k_norm, src.cos, src.sin, src.positions, src.slot_mapping,
+                src.eps)
+        dtype = k_cache.dtype
+    else:
+        B, Hq, _ = q.shape
+        S = 1
+        assert q.stride(-1) == 1 and q.shape[2] == D
+        q_ptr, s_qs, s_qt, s_qh = q, 0, q.stride(0), q.stride(1)
+        rope = (q, q, q, q, seq_lens, seq_lens, 0.0)      # not read without FROM_QKV
+        dtype = q.dtype
+    assert Hq % Hk == 0
+    if num_warps is None:
+        num_warps = WARPS or (8 if isinstance(q, QKVParts) else 4)
     if num_splits is None:
         num_splits = default_num_splits(B, Hk, block_tables.shape[1] * page)
-    out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
-    part = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=q.device)
-    lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
+    out = torch.empty((B, Hq, D), dtype=dtype, device=k_cache.device)
+    part = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=k_cache.device)
+    lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=k_cache.device)
     block_d = max(16, triton.next_power_of_2(D))
     group = Hq // Hk
     _decode_split_kernel[(B, Hk, num_splits)](
-        q, k_cache, v_cache, out, part, lse, block_tables, seq_lens, scale,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3],
+        q_ptr, k_cache, v_cache, out, part, lse, block_tables, seq_lens, *rope, scale,
+        s_qs, s_qt, s_qh, out.stride(0), out.stride(1), *k_cache.stride()[:3],
         *v_cache.stride()[:3], block_tables.stride(0), *part.stride()[:3], *lse.stride()[:2],
-        HEAD_DIM=D, GROUP=group, PAGE=page, NUM_SPLITS=num_splits,
+        rope[2].stride(0), HEAD_DIM=D, GROUP=group, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PREC=dot_precision(q.dtype), UPCAST=INTERPRET, num_warps=num_warps,
-        **pdl_args(q.device))
+        DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, FROM_QKV=isinstance(q, QKVParts),
+        HQ=Hq, HK=Hk, NUM_PARTS=S, num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
             HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d, **pdl_args(q.device))
+            BLOCK_D=block_d, **pdl_args(k_cache.device))
     return out

@@ -48,7 +48,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, seq_lens_ptr, qloc_ptr
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * s_bt
     for start in range(0, kv_end, BLOCK_N):
-        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, kv_end, kvh, s_kp, s_ko, s_kh,
+        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, kv_end, -1, kvh, s_kp, s_ko, s_kh,
                                s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
         offs_n = start + tl.arange(0, BLOCK_N)
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]

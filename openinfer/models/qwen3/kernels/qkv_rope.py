@@ -19,19 +19,21 @@ from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 
 
 @triton.jit
-def _norm_rope(src, s_part, w_ptr, c, s, eps, NUM_PARTS: tl.constexpr, HALF: tl.constexpr,
-               dt: tl.constexpr):
-    """RMSNorm over one head (two halves of ``HALF``) then rotate-half RoPE."""
-    offs = tl.arange(0, HALF)
-    mask = offs < HALF
-    x1 = load_parts(src, s_part, offs, mask, NUM_PARTS, dt)
-    x2 = load_parts(src + HALF, s_part, offs, mask, NUM_PARTS, dt)
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
+def norm_rope_heads(heads, s_part, w_ptr, c, s, eps, mask, NUM_PARTS: tl.constexpr,
+                    HALF: tl.constexpr, dt: tl.constexpr):
+    """RMSNorm over each head of ``heads`` (``[R, 1]`` pointers to a head's first element;
+    ``mask [R, 1]``), then rotate-half RoPE with the position's ``c``/``s`` ``[HALF]`` (or
+    ``[R, HALF]``): the two halves ``[R, HALF]``, rounded where HF rounds. The decode
+    attention runs it on the query heads of one kv head, this file's kernel on one head."""
+    offs = tl.arange(0, HALF)[None, :]
+    m = mask & (offs < HALF)
+    f1 = load_parts(heads + offs, s_part, 0, m, NUM_PARTS, dt).to(tl.float32)
+    f2 = load_parts(heads + HALF + offs, s_part, 0, m, NUM_PARTS, dt).to(tl.float32)
+    inv = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)
     w1 = tl.load(w_ptr + offs).to(tl.float32)
     w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
-    y1 = (w1 * (f1 * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    y2 = (w2 * (f2 * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y1 = (w1 * (f1 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y2 = (w2 * (f2 * inv[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     o1 = ((y1 * c).to(dt).to(tl.float32) - (y2 * s).to(dt).to(tl.float32)).to(dt)
     o2 = ((y2 * c).to(dt).to(tl.float32) + (y1 * s).to(dt).to(tl.float32)).to(dt)
     return o1, o2
@@ -54,22 +56,24 @@ def _qkv_rope_write_kernel(x_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_p
     pdl_wait(PDL)
     dt = q_ptr.dtype.element_ty
     row = x_ptr + t * s_xt
+    one = tl.full([1, 1], 0, tl.int32)
     if h < HQ:
-        o1, o2 = _norm_rope(row + h * (2 * HALF), s_xs, qw_ptr, c, s, eps, NUM_PARTS, HALF, dt)
-        dst = q_ptr + t * s_qt + h * s_qh
-        tl.store(dst + offs, o1)
-        tl.store(dst + HALF + offs, o2)
+        o1, o2 = norm_rope_heads(row + h * (2 * HALF) + one, s_xs, qw_ptr, c, s, eps, one == 0,
+                                 NUM_PARTS, HALF, dt)
+        dst = q_ptr + t * s_qt + h * s_qh + offs[None, :]
+        tl.store(dst, o1)
+        tl.store(dst + HALF, o2)
     else:
         j = h - HQ
         slot = tl.load(slot_ptr + t).to(tl.int64)
         keep = (offs < HALF) & (slot >= 0)
         page = tl.where(slot >= 0, slot // PAGE, 0)
         off = tl.where(slot >= 0, slot % PAGE, 0)
-        k1, k2 = _norm_rope(row + (HQ + j) * (2 * HALF), s_xs, kw_ptr, c, s, eps, NUM_PARTS,
-                            HALF, dt)
-        k_dst = kc_ptr + page * s_kp + off * s_ko + j * s_kh
-        tl.store(k_dst + offs, k1, mask=keep)
-        tl.store(k_dst + HALF + offs, k2, mask=keep)
+        k1, k2 = norm_rope_heads(row + (HQ + j) * (2 * HALF) + one, s_xs, kw_ptr, c, s, eps,
+                                 one == 0, NUM_PARTS, HALF, dt)
+        k_dst = kc_ptr + page * s_kp + off * s_ko + j * s_kh + offs[None, :]
+        tl.store(k_dst, k1, mask=keep[None, :])
+        tl.store(k_dst + HALF, k2, mask=keep[None, :])
         v_src = row + (HQ + HK + j) * (2 * HALF)
         v1 = load_parts(v_src, s_xs, offs, keep, NUM_PARTS, dt)
         v2 = load_parts(v_src + HALF, s_xs, offs, keep, NUM_PARTS, dt)
