@@ -37,12 +37,13 @@ def sequences(hf_tiny, device):
 @pytest.fixture(scope="module", params=["reference", "triton", "triton-rope-in-attention"])
 def model(request, tiny_ckpt, device):
     """``triton`` as configured (batch-1 decode does q/k norm + RoPE + KV write inside the
-    decode attention, the 3-row batches here use the separate kernel);
-    ``triton-rope-in-attention`` does it inside the attention at every decode batch."""
+    decode attention; the 3-row batches here use the separate kernel);
+    ``triton-rope-in-attention`` does it at every decode batch, with 3 KV splits (the tiny
+    contexts here would otherwise take one)."""
     backend = request.param
     if backend == "triton-rope-in-attention":
         from openinfer.models.qwen3.ops import TritonOps
-        backend = TritonOps(decode_from_qkv_rows=1 << 30)
+        backend = TritonOps(decode_splits=3, decode_from_qkv_rows=1 << 30)
     return Qwen3Model.from_pretrained(tiny_ckpt, device=device, backend=backend)
 
 
