@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from array import array
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ class AbortSpec:
 
 @dataclass(slots=True)
 class RequestSpec:
-    prompt: list[int]
+    prompt: Sequence[int]  # the workloads send array('q'), the compact form (sim.tokens)
     output_len: int
     session: int | None = None
     turn: int = 0

@@ -6,11 +6,17 @@ So every piece of text (a shared system prompt, a chat turn, a Mooncake 512-toke
 is ``tokens_for(key, n)``: seeded from a hash of its key, independent of event order.
 numpy computes them because a 1k-token prompt per request through ``random.randrange``
 would dominate a 10k-request run.
+
+Token ids come as ``array('q')``, the engine's compact prompt form
+(:func:`openinfer.kv.hashing.is_compact`): 8 bytes a token where a list of fresh ints
+costs ~36, and an offline batch holds every prompt from t=0. Arrays concatenate, slice
+and compare like lists (an array never equals a list: compare ``list(a)``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from array import array
 
 import numpy as np
 
@@ -23,19 +29,20 @@ def key_seed(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
 
 
-def tokens_for(key: str, n: int, vocab: int = PROMPT_VOCAB) -> list[int]:
+def tokens_for(key: str, n: int, vocab: int = PROMPT_VOCAB) -> array:
     """``n`` token ids in [0, vocab), a pure function of (key, n, vocab); a prefix of the
     answer for a larger ``n``. Token i is splitmix64(seed(key) + i) mod vocab: a counter
     through a mixing function needs no generator object, which cost more than the draw
     for a chat turn's few hundred tokens (the bias of the modulo, < vocab / 2^64, is
-    nothing a prefix cache can see)."""
+    nothing a prefix cache can see). An ``array('q')``, filled from numpy's buffer
+    (every id is below ``vocab`` < 2^63, so its uint64 bytes are its int64 bytes)."""
     if n <= 0:
-        return []
+        return array("q")
     x = np.arange(n, dtype=np.uint64)
     x += np.uint64(key_seed(key))
     splitmix64_array(x)
     x %= np.uint64(vocab)
-    return x.tolist()
+    return array("q", x.tobytes())
 
 
 class BlockTokens:
@@ -47,9 +54,9 @@ class BlockTokens:
         self.salt = salt
         self.vocab = vocab
         self.max_cached = max_cached
-        self._cache: dict[int, list[int]] = {}
+        self._cache: dict[int, array] = {}
 
-    def block(self, hash_id: int) -> list[int]:
+    def block(self, hash_id: int) -> array:
         toks = self._cache.get(hash_id)
         if toks is None:
             toks = tokens_for(f"{self.salt}/{hash_id}", self.block_tokens, self.vocab)
@@ -58,10 +65,10 @@ class BlockTokens:
             self._cache[hash_id] = toks
         return toks
 
-    def prompt(self, hash_ids: list[int], length: int, tail_key: str) -> list[int]:
+    def prompt(self, hash_ids: list[int], length: int, tail_key: str) -> array:
         """``length`` tokens: the blocks in order, cut at ``length``; past the last block,
         tokens unique to ``tail_key``."""
-        out: list[int] = []
+        out = array("q")
         for h in hash_ids:
             if len(out) >= length:
                 break

@@ -17,6 +17,7 @@ run replays from its seed and content never depends on event order.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -176,7 +177,7 @@ class ChatWorkload:
             yield rt.all_of(sessions)
         client.close()
 
-    def _session(self, rt: Runtime, client: Client, s: int, system: list[int], budget: list[int],
+    def _session(self, rt: Runtime, client: Client, s: int, system: array, budget: list[int],
                  start: float, send_at: Mapping[tuple[int, int], float] | None
                  ) -> Generator[Event, Any, None]:
         rng = rt.rng(f"workload/chat/{s}")
@@ -204,7 +205,7 @@ class ChatWorkload:
             outcome = yield ticket.done
             if outcome.record.status != "finished" or outcome.tokens is None:
                 return
-            history = prompt + outcome.tokens
+            history = prompt + array("q", outcome.tokens)
             if k + 1 < turns and self.think_time_s > 0:
                 think = rng.expovariate(1.0 / self.think_time_s)
                 if send_at is None:
@@ -268,7 +269,7 @@ class TraceWorkload:
             if t > rt.now():
                 yield rt.sleep(t - rt.now())
             if r.prompt is not None:
-                prompt = list(r.prompt)
+                prompt = list(r.prompt)  # as given: the engine judges each id (a bool, > int64)
             else:
                 bt = blocks.get(r.block_tokens)
                 if bt is None:

@@ -8,7 +8,7 @@ this one loop; the difference is whether control commands exist.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from simpy.events import Event
 
 from openinfer.backend.executor import Executor, StepKind, StepPlan, StepResult
 from openinfer.errors import ConfigError
-from openinfer.kv.hashing import block_hashes, salt_hash, token_bytes
+from openinfer.kv.hashing import block_hashes, is_compact, salt_hash, token_bytes
 from openinfer.kv.prefix import ResolvePolicy
 from openinfer.kv.flush import FlushOutcome
 from openinfer.kv.saves import SaveClass, SaveCursor
@@ -39,14 +39,15 @@ KV_ALLOCATION_FAILED = "KV allocation failed while scheduling the step"
 _CACHEABLE = SaveClass.CACHEABLE  # read per completed block: a plain name, not an Enum attribute
 
 
-def _token_ids(prompt: list[int], vocab: int) -> bytes | None:
+def _token_ids(prompt: Sequence[int], vocab: int) -> bytes | None:
     """The prompt as int64 bytes if it is not empty and every token is exactly an int (not
     a bool, not a numpy scalar) in [0, vocab), else None. The types are counted in a list
-    (``count`` compares by identity first: half the time of adding each to a set); the
-    range is read off the converted array by one numpy reduction (a Python ``min``/``max``
-    over a 1k-token prompt costs more than the hashing): read as uint64, a negative id is
-    above 2^63, so "the largest is below ``vocab``" is exactly "every id is in [0, vocab)"."""
-    if not prompt or list(map(type, prompt)).count(int) != len(prompt):
+    (``count`` compares by identity first: half the time of adding each to a set), unless
+    the prompt is compact (``array('q')``, ints by construction); the range is read off
+    the converted array by one numpy reduction (a Python ``min``/``max`` over a 1k-token
+    prompt costs more than the hashing): read as uint64, a negative id is above 2^63, so
+    "the largest is below ``vocab``" is exactly "every id is in [0, vocab)"."""
+    if not prompt or (not is_compact(prompt) and list(map(type, prompt)).count(int) != len(prompt)):
         return None
     try:
         raw = token_bytes(prompt)

@@ -9,7 +9,7 @@ whose client has gone away gets no terminal event: nobody is left to read it.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -40,7 +40,9 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    prompt: list[int]
+    # token ids: a list of ints, or an array('q') (int64), the compact form a simulated
+    # workload sends (8 bytes a token against a list's ~36; see kv.hashing.is_compact)
+    prompt: Sequence[int]
     max_tokens: int
     params: SamplingParams = SamplingParams()
     lora: str | None = None

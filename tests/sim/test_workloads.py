@@ -109,7 +109,7 @@ def test_chat_turns_extend_the_previous_prompt_and_answer() -> None:
         turns.sort(key=lambda x: x[0])
         for (_, prev), (_, nxt) in zip(turns, turns[1:]):
             assert nxt.prompt[:len(prev.prompt)] == prev.prompt
-            assert nxt.prompt[len(prev.prompt):len(prev.prompt) + 3] == answer
+            assert list(nxt.prompt[len(prev.prompt):len(prev.prompt) + 3]) == answer
             assert len(nxt.prompt) == len(prev.prompt) + 3 + 10
     assert rt.now() > 2.0  # think time between turns
 
@@ -247,7 +247,7 @@ def test_mooncake_equal_hash_ids_give_equal_tokens() -> None:
     c = BlockTokens().prompt([9], 300, "c")
     assert len(a) == 1100 and len(b) == 700 and len(c) == 300
     assert a[:700] == b                       # shared ids 0, 1: shared text, cut at the length
-    assert a[:512] != c[:300] + [0] * 212 and c != a[:300]
+    assert list(a[:512]) != list(c[:300]) + [0] * 212 and c != a[:300]
     assert BlockTokens().prompt([0], 600, "x")[512:] == tokens_for("x", 88)  # past the last block: unique tail
 
 
