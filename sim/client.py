@@ -61,7 +61,7 @@ class AbortSpec:
 
 @dataclass(slots=True)
 class RequestSpec:
-    prompt: Sequence[int]  # the workloads send array('q'), the compact form (sim.tokens)
+    prompt: Sequence[int]  # the workloads send compact_tokens (sim.tokens)
     output_len: int
     session: int | None = None
     turn: int = 0

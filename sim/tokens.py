@@ -7,8 +7,8 @@ is ``tokens_for(key, n)``: seeded from a hash of its key, independent of event o
 numpy computes them because a 1k-token prompt per request through ``random.randrange``
 would dominate a 10k-request run.
 
-Token ids come as ``array('q')``, the engine's compact prompt form
-(:func:`openinfer.kv.hashing.is_compact`): 8 bytes a token where a list of fresh ints
+Token ids come in the engine's compact prompt form, an int32 array
+(:func:`openinfer.kv.hashing.compact_tokens`): 4 bytes a token where a list of fresh ints
 costs ~36, and an offline batch holds every prompt from t=0. Arrays concatenate, slice
 and compare like lists (an array never equals a list: compare ``list(a)``).
 """
@@ -21,6 +21,7 @@ from array import array
 import numpy as np
 
 from openinfer.backend.fake_executor import splitmix64_array
+from openinfer.kv.hashing import compact_tokens
 
 PROMPT_VOCAB = 151_643  # Qwen3's ordinary tokens: below the special/EOS ids
 
@@ -34,15 +35,17 @@ def tokens_for(key: str, n: int, vocab: int = PROMPT_VOCAB) -> array:
     answer for a larger ``n``. Token i is splitmix64(seed(key) + i) mod vocab: a counter
     through a mixing function needs no generator object, which cost more than the draw
     for a chat turn's few hundred tokens (the bias of the modulo, < vocab / 2^64, is
-    nothing a prefix cache can see). An ``array('q')``, filled from numpy's buffer
-    (every id is below ``vocab`` < 2^63, so its uint64 bytes are its int64 bytes)."""
+    nothing a prefix cache can see). Compact, filled from numpy's buffer (an int32 holds
+    every id of a ``vocab`` up to 2^31)."""
+    if not 0 < vocab <= 2**31:
+        raise ValueError(f"tokens_for: vocab={vocab} must be in [1, 2^31] (int32 ids)")
     if n <= 0:
-        return array("q")
+        return compact_tokens()
     x = np.arange(n, dtype=np.uint64)
     x += np.uint64(key_seed(key))
     splitmix64_array(x)
     x %= np.uint64(vocab)
-    return array("q", x.tobytes())
+    return compact_tokens(x.astype(np.int32).tobytes())
 
 
 class BlockTokens:
@@ -68,7 +71,7 @@ class BlockTokens:
     def prompt(self, hash_ids: list[int], length: int, tail_key: str) -> array:
         """``length`` tokens: the blocks in order, cut at ``length``; past the last block,
         tokens unique to ``tail_key``."""
-        out = array("q")
+        out = compact_tokens()
         for h in hash_ids:
             if len(out) >= length:
                 break

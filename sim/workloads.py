@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from simpy.events import Event
 
 from openinfer.errors import require
+from openinfer.kv.hashing import compact_tokens
 from openinfer.runtime import Runtime
 from sim.arrivals import ArrivalSpec
 from sim.client import Client, RequestSpec
@@ -205,7 +206,7 @@ class ChatWorkload:
             outcome = yield ticket.done
             if outcome.record.status != "finished" or outcome.tokens is None:
                 return
-            history = prompt + array("q", outcome.tokens)
+            history = prompt + compact_tokens(outcome.tokens)
             if k + 1 < turns and self.think_time_s > 0:
                 think = rng.expovariate(1.0 / self.think_time_s)
                 if send_at is None:

@@ -43,7 +43,7 @@ def _token_ids(prompt: Sequence[int], vocab: int) -> bytes | None:
     """The prompt as int64 bytes if it is not empty and every token is exactly an int (not
     a bool, not a numpy scalar) in [0, vocab), else None. The types are counted in a list
     (``count`` compares by identity first: half the time of adding each to a set), unless
-    the prompt is compact (``array('q')``, ints by construction); the range is read off
+    the prompt is compact (an int32 array, ints by construction); the range is read off
     the converted array by one numpy reduction (a Python ``min``/``max`` over a 1k-token
     prompt costs more than the hashing): read as uint64, a negative id is above 2^63, so
     "the largest is below ``vocab``" is exactly "every id is in [0, vocab)"."""

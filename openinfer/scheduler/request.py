@@ -40,8 +40,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    # token ids: a list of ints, or an array('q') (int64), the compact form a simulated
-    # workload sends (8 bytes a token against a list's ~36; see kv.hashing.is_compact)
+    # token ids: a list of ints, or the compact int32 array a simulated workload sends
+    # (4 bytes a token against a list's ~36; see kv.hashing.compact_tokens)
     prompt: Sequence[int]
     max_tokens: int
     params: SamplingParams = SamplingParams()

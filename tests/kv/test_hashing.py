@@ -10,8 +10,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from openinfer.errors import ConfigError
-from openinfer.kv.hashing import (BASE_SALT, HASH_BYTES, block_hashes, is_compact, salt_hash, token_bytes,
-                                  validate_tokens)
+from openinfer.kv.hashing import (BASE_SALT, HASH_BYTES, block_hashes, compact_tokens, is_compact, salt_hash,
+                                  token_bytes, validate_tokens)
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
@@ -172,13 +172,14 @@ def test_a_chain_after_a_different_block_size_or_salt():
 
 
 @SETTINGS
-@given(bs=block_sizes, tokens=st.lists(st.integers(0, 2**63 - 1), max_size=80), salt=names)
+@given(bs=block_sizes, tokens=st.lists(st.integers(0, 2**31 - 1), max_size=80), salt=names)
 def test_a_compact_prompt_hashes_as_its_list_does(bs, tokens, salt):
-    """``array('q')`` (the compact prompt a simulated workload sends) is the same text as
-    the list of its ids: equal bytes, equal block hashes, whole or extended."""
-    compact = array("q", tokens)
-    assert is_compact(compact) and not is_compact(tokens) and not is_compact(array("i", tokens[:0]))
-    assert token_bytes(compact) == token_bytes(tokens)
+    """The compact prompt a simulated workload sends (an int32 array) is the same text as
+    the list of its ids: equal int64 bytes, equal block hashes, whole or extended."""
+    compact = compact_tokens(tokens)
+    assert list(compact) == tokens and compact_tokens(compact.tobytes()) == compact
+    assert is_compact(compact) and not is_compact(tokens) and not is_compact(array("q", tokens))
+    assert token_bytes(compact) == token_bytes(tokens) == array("q", tokens).tobytes()
     s = salt_hash(salt)
     assert block_hashes(compact, bs, s) == block_hashes(tokens, bs, s)
     if len(tokens) >= bs:
