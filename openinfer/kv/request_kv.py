@@ -64,7 +64,8 @@ class RequestKv:
         # a compact prompt stays compact (a copy at C speed; made a list of ints it cost an
         # admitted 1k-token prompt ~12 us, and the offline batch 4-5% at 100k); the answer's
         # tokens append to it either way
-        self.tokens: MutableSequence[int] = compact_tokens(prompt) if is_compact(prompt) else list(prompt)
+        self.tokens: MutableSequence[int] = (compact_tokens(prompt) if is_compact(prompt)
+                                             else list(prompt))
         self.num_prompt = len(prompt)
         self.max_tokens = max_tokens
         self.salt = salt

@@ -47,7 +47,8 @@ def _token_ids(prompt: Sequence[int], vocab: int) -> bytes | None:
     the converted array by one numpy reduction (a Python ``min``/``max`` over a 1k-token
     prompt costs more than the hashing): read as uint64, a negative id is above 2^63, so
     "the largest is below ``vocab``" is exactly "every id is in [0, vocab)"."""
-    if not prompt or (not is_compact(prompt) and list(map(type, prompt)).count(int) != len(prompt)):
+    if not prompt or (not is_compact(prompt)
+                      and list(map(type, prompt)).count(int) != len(prompt)):
         return None
     try:
         raw = token_bytes(prompt)
