@@ -19,8 +19,8 @@ wall cost at the largest size over the smallest; 1.00 = linear) and each target 
 issue with PASS or MISS. The largest of two or more sizes runs ``big_repeats`` times,
 every other size ``repeats`` times. ``<case>_sizes=`` sets one case's sizes; without it a
 case runs ``sizes``, except that the offline batch runs 1000,10000 while ``sizes`` is left
-at its default: every request of it is held from t=0, so a 100k batch peaks at ~3.6 GB
-(measured at 0ce20cb).
+at its default: every request of it is held from t=0, so a 100k batch peaks at ~1.9 GB
+(measured at b2f7698 with compact prompts; 3.6 GB before them, at 952faf9).
 
 ``scaling=paired`` (the default, ``auto``, on a machine with two or more CPUs) runs each
 run of the largest size pinned to one CPU while the smallest size runs back to back on

@@ -111,9 +111,8 @@ class TritonOps(ReferenceOps):
                       scale):
         """A small decode batch takes one kernel (plus the split reduce) for q/k norm +
         RoPE + KV write + attention (``decode_attention`` with ``QKVParts``)."""
-        D = k_cache.shape[-1]
         small = batch.is_decode and batch.num_seqs <= self.decode_from_qkv_rows
-        if not (small and D >= 16 and D & (D - 1) == 0):
+        if not (small and self.k.can_take_qkv(k_cache.shape[-1])):
             return super().qkv_attention(qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch,
                                          num_q_heads, scale)
         src = self.k.QKVParts(qkv, num_q_heads, q_w, k_w, cos, sin, batch.positions,

@@ -179,6 +179,12 @@ def default_num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
     return max(1, min(64, want, triton.cdiv(max_context, 128)))
 
 
+def can_take_qkv(head_dim: int) -> bool:
+    """Whether the kernel can do q/k norm + RoPE itself: a head is two power-of-two halves
+    of at least 8 (its tile is exactly one head wide)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 @dataclass(frozen=True)
 class QKVParts:
     """The query side of a decode attention that also does the q/k norm + RoPE + KV write
@@ -210,7 +216,7 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         src, parts, Hq = q, q.qkv, q.num_q_heads
         S, B, width = parts.shape
         assert width == (Hq + 2 * Hk) * D and parts.stride(-1) == 1
-        assert D >= 16 and triton.next_power_of_2(D) == D, \
+        assert can_take_qkv(D), \
             "q/k norm + RoPE in the decode attention needs a power-of-two head_dim >= 16"
         assert src.cos.stride() == src.sin.stride() and src.cos.stride(-1) == 1
         q_ptr, s_qs, s_qt, s_qh = parts, parts.stride(0), parts.stride(1), D
