@@ -1,0 +1,186 @@
+"""Where a batch-1 decode step's time goes, measured inside the real CUDA-graph step.
+
+    PYTHONPATH=$PWD python3 scripts/decode_ablation.py --out $OUT/ablation [--contexts 1024,4096]
+
+Kernels of a step overlap (PDL lets each start while the one before drains), so a kernel
+timed alone, or its profiler duration inside the step, does not say what it costs the
+step. This takes the other way round: the bs-1 step of the 4B geometry (random weights) is
+captured and timed, then captured again with one kind of operation replaced by a stand-in
+that launches nothing (it hands back a preallocated tensor of the right shape), and the
+difference is that kind's marginal cost in the chain, per launch. Each kind's cost is set
+against its bytes over the copy bandwidth measured in the same process: what is left is
+the kind's overhead (launch, ramp, tail, waiting). The logits of an ablated step are
+meaningless; only its time is used. ``--splits`` also times the step at other split
+counts of the decode attention.
+
+GPU only; medians of ``--repeats`` graph replays. Writes ``ablation.json`` and prints a
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+KINDS = ("attention", "norms", "qkv", "o_proj", "gate_up", "down", "lm_head")
+
+
+def log(msg: str) -> None:
+    print(f"[ablation {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def stub_ops(skip: str, decode_splits: int | None = None) -> Any:
+    """Triton ops with the ``skip`` kind replaced by a stand-in that launches nothing."""
+    import torch
+    from openinfer.models.qwen3.kernels.skinny_linear import default_config, sm_count
+    from openinfer.models.qwen3.ops import TritonOps
+
+    class StubOps(TritonOps):
+        def __init__(self) -> None:
+            super().__init__(decode_splits=decode_splits)
+            self.skip = skip
+            self.proj = {}                  # weight shape -> projection name, set by ablate()
+            self.static: dict[tuple, torch.Tensor] = {}
+
+        def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> Any:
+            key = (shape, dtype)
+            if key not in self.static:
+                self.static[key] = torch.zeros(shape, dtype=dtype, device=device)
+            return self.static[key]
+
+        def linear(self, x, w):
+            if self.proj.get(tuple(w.shape)) != self.skip:
+                return super().linear(x, w)
+            n, k = w.shape
+            split = default_config(n, k, False, True, sm_count(x.device)).split_k
+            dtype = torch.float32 if split > 1 else w.dtype
+            return self._zeros((split, x.shape[0], n), dtype, x.device)
+
+        def gate_up_silu(self, x, w):
+            if self.skip != "gate_up":
+                return super().gate_up_silu(x, w)
+            return self._zeros((x.shape[0], w.shape[0] // 2), w.dtype, x.device)
+
+        def add_rms_norm(self, parts, residual, w, eps):
+            if self.skip != "norms":
+                return super().add_rms_norm(parts, residual, w, eps)
+            return self._zeros(tuple(residual.shape), residual.dtype, residual.device), residual
+
+        def qkv_attention(self, qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch,
+                          num_q_heads, scale):
+            if self.skip != "attention":
+                return super().qkv_attention(qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache,
+                                             batch, num_q_heads, scale)
+            return self._zeros((qkv.shape[1], num_q_heads, k_cache.shape[-1]), k_cache.dtype,
+                               k_cache.device)
+
+        def lm_head(self, x, w):
+            if self.skip != "lm_head":
+                return super().lm_head(x, w)
+            return self._zeros((x.shape[0], w.shape[0]), torch.float32, x.device)
+
+    return StubOps()
+
+
+def kind_bytes(cfg: Any, context: int) -> dict[str, int]:
+    """Bytes each kind must read once a step (bf16 weights; the KV of ``context`` tokens)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    i, layers = cfg.intermediate_size, cfg.num_hidden_layers
+    return dict(attention=layers * (context + 1) * 2 * kv * 2, norms=0,
+                qkv=layers * (q + 2 * kv) * h * 2, o_proj=layers * h * q * 2,
+                gate_up=layers * 2 * i * h * 2, down=layers * h * i * 2,
+                lm_head=cfg.vocab_size * h * 2)
+
+
+def launches(cfg: Any) -> dict[str, int]:
+    n = cfg.num_hidden_layers
+    return dict(attention=2 * n, norms=2 * n, qkv=n, o_proj=n, gate_up=n, down=n, lm_head=1)
+
+
+def model_with(pack: Any, ops: Any) -> Any:
+    """The model over ``pack``'s weights with ``ops``, which learns the projections' shapes."""
+    from openinfer.models.qwen3 import Qwen3Model
+    c = pack.cfg
+    ops.proj = {(c.q_size + 2 * c.num_key_value_heads * c.head_dim, c.hidden_size): "qkv",
+                (c.hidden_size, c.q_size): "o_proj",
+                (c.hidden_size, c.intermediate_size): "down"}
+    return Qwen3Model(c, pack.weights, ops)
+
+
+def step_time(pack: Any, ops: Any, context: int, max_context: int, repeats: int) -> float:
+    """Median seconds of the bs-1 decode graph at ``context`` cached tokens with ``ops``;
+    the graph is captured for ``max_context`` (which fixes the attention's split count, as
+    ``experiments.validate.bench.bench_decode`` does)."""
+    import torch
+    from experiments.validate.bench import fill_random
+    from experiments.validate.common import time_fn
+    from openinfer.models.qwen3 import ForwardBatch, SeqInput
+    from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
+    page = 16
+    model = model_with(pack, ops)
+    pps = -(-(max_context + 1) // page)
+    arena = model.make_arena(1 + pps, page)
+    fill_random(arena.data, 3)
+    arena.data[0].zero_()
+    graphs = DecodeGraphs(model, arena, max_pages_per_seq=pps, buckets=[1])
+    graphs.capture()
+    batch = ForwardBatch.from_seqs([SeqInput([7], context, list(range(1, 1 + pps)))], page,
+                                   pack.device, max_pages=pps)
+    t = time_fn(lambda: graphs.run(batch), pack.device, repeats, warmup=3)["median_s"]
+    del graphs, arena
+    torch.cuda.empty_cache()
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/tmp/ablation")
+    ap.add_argument("--contexts", default="1024,4096")
+    ap.add_argument("--splits", default="", help="extra decode split counts to time, e.g. 16,64")
+    ap.add_argument("--repeats", type=int, default=30)
+    a = ap.parse_args()
+    import torch
+    from device_decode_bench import random_pack
+    from experiments.validate.bench import copy_bandwidth
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pack = random_pack("4b")
+    bw = copy_bandwidth("cuda", 4096, 20)["bytes_per_s"]
+    log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.3f} TB/s")
+    rows: list[dict[str, Any]] = []
+    contexts = [int(x) for x in a.contexts.split(",")]
+    top = max(contexts)
+    for ctx in contexts:
+        full = step_time(pack, stub_ops(""), ctx, top, a.repeats)
+        rows.append(dict(context=ctx, what="step", s=full))
+        log(f"ctx {ctx}: step {full * 1e3:.3f} ms")
+        nbytes, count = kind_bytes(pack.cfg, ctx), launches(pack.cfg)
+        for kind in KINDS:
+            t = step_time(pack, stub_ops(kind), ctx, top, a.repeats)
+            cost = full - t
+            ideal = nbytes[kind] / bw
+            rows.append(dict(context=ctx, what=f"without {kind}", s=t, cost_s=cost,
+                             ideal_s=ideal, launches=count[kind],
+                             overhead_us_per_launch=(cost - ideal) / count[kind] * 1e6))
+            log(f"ctx {ctx}: {kind:9} costs {cost * 1e6:7.1f} us a step (bytes alone "
+                f"{ideal * 1e6:6.1f} us), {(cost - ideal) / count[kind] * 1e6:5.2f} us over "
+                f"per launch ({count[kind]} launches)")
+        for splits in (int(x) for x in a.splits.split(",") if x):
+            t = step_time(pack, stub_ops("", splits), ctx, top, a.repeats)
+            rows.append(dict(context=ctx, what=f"splits={splits}", s=t))
+            log(f"ctx {ctx}: decode splits {splits}: step {t * 1e3:.3f} ms "
+                f"({(t - full) * 1e6:+.1f} us)")
+        (out / "ablation.json").write_text(json.dumps(dict(
+            device=torch.cuda.get_device_name(), copy_bytes_per_s=bw, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
