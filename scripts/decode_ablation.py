@@ -10,8 +10,9 @@ that launches nothing (it hands back a preallocated tensor of the right shape), 
 difference is that kind's marginal cost in the chain, per launch. Each kind's cost is set
 against its bytes over the copy bandwidth measured in the same process: what is left is
 the kind's overhead (launch, ramp, tail, waiting). The logits of an ablated step are
-meaningless; only its time is used. ``--splits`` also times the step at other split
-counts of the decode attention.
+meaningless; only its time is used. ``--ops KEY=VALUE[,...]`` (repeatable) also times the
+whole step with other ``TritonOps`` settings, e.g. ``--ops decode_splits=16 --ops
+fold_norms=1``, side by side with the default in the same process.
 
 GPU only; medians of ``--repeats`` graph replays. Writes ``ablation.json`` and prints a
 table.
@@ -36,7 +37,7 @@ def log(msg: str) -> None:
     print(f"[ablation {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def stub_ops(skip: str, decode_splits: int | None = None) -> Any:
+def stub_ops(skip: str, **settings: int) -> Any:
     """Triton ops with the ``skip`` kind replaced by a stand-in that launches nothing."""
     import torch
     from openinfer.models.qwen3.kernels.skinny_linear import default_config, sm_count
@@ -44,7 +45,7 @@ def stub_ops(skip: str, decode_splits: int | None = None) -> Any:
 
     class StubOps(TritonOps):
         def __init__(self) -> None:
-            super().__init__(decode_splits=decode_splits)
+            super().__init__(**settings)
             self.skip = skip
             self.proj = {}                  # weight shape -> projection name, set by ablate()
             self.static: dict[tuple, torch.Tensor] = {}
@@ -144,7 +145,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/tmp/ablation")
     ap.add_argument("--contexts", default="1024,4096")
-    ap.add_argument("--splits", default="", help="extra decode split counts to time, e.g. 16,64")
+    ap.add_argument("--ops", action="append", default=[], metavar="KEY=VALUE[,...]",
+                    help="also time the step with these TritonOps settings (repeatable)")
     ap.add_argument("--repeats", type=int, default=30)
     a = ap.parse_args()
     import torch
@@ -173,11 +175,11 @@ def main() -> None:
             log(f"ctx {ctx}: {kind:9} costs {cost * 1e6:7.1f} us a step (bytes alone "
                 f"{ideal * 1e6:6.1f} us), {(cost - ideal) / count[kind] * 1e6:5.2f} us over "
                 f"per launch ({count[kind]} launches)")
-        for splits in (int(x) for x in a.splits.split(",") if x):
-            t = step_time(pack, stub_ops("", splits), ctx, top, a.repeats)
-            rows.append(dict(context=ctx, what=f"splits={splits}", s=t))
-            log(f"ctx {ctx}: decode splits {splits}: step {t * 1e3:.3f} ms "
-                f"({(t - full) * 1e6:+.1f} us)")
+        for text in a.ops:
+            settings = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+            t = step_time(pack, stub_ops("", **settings), ctx, top, a.repeats)
+            rows.append(dict(context=ctx, what=text, s=t))
+            log(f"ctx {ctx}: {text}: step {t * 1e3:.3f} ms ({(t - full) * 1e6:+.1f} us)")
         (out / "ablation.json").write_text(json.dumps(dict(
             device=torch.cuda.get_device_name(), copy_bytes_per_s=bw, rows=rows), indent=1))
 
