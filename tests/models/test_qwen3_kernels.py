@@ -13,6 +13,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from openinfer.errors import ConfigError
 from openinfer.models.qwen3 import kernels as K
@@ -223,6 +225,44 @@ def test_skinny_linear(device, dtype, m, n, k, split, pre):
     if pre > 1:   # the same tiles summed in the same order: bit for bit the one-tile result
         one = K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, split_k=split))
         assert torch.equal(parts, one)
+
+
+@pytest.mark.parametrize("gated,rows,split", [(False, 11, 1), (False, 9, 3), (True, 13, 1)])
+def test_skinny_fewer_rows_than_the_tile(device, gated, rows, split):
+    """A program owning fewer output rows than its tile (``SkinnyConfig.rows``, the
+    balanced launch) still covers every row once: N = 50 is not a multiple of the rows."""
+    x = torch.randn(3, 70, device=device)
+    w = torch.randn(2 * 50 if gated else 50, 70, device=device)
+    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split, rows=rows)
+    if gated:
+        got, want = K.skinny_gated(x, w, cfg=cfg), R.silu_mul(F.linear(x, w))
+    else:
+        got, want = R.merge_parts(K.skinny_linear(x, w, cfg=cfg), x.dtype), F.linear(x, w)
+    torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
+def test_balanced_rows_fill_the_sms_evenly():
+    """The 4B decode shapes at 132 SMs: o_proj/down 26 rows (396 programs, 3 a SM), gate/up
+    25 (390), QKV keeps its 32 (384); rows outside (block_n / 2, block_n] are refused."""
+    from openinfer.models.qwen3.kernels.skinny_linear import balanced_rows
+    assert balanced_rows(2560, 32, 4, 132) == 26
+    assert balanced_rows(9728, 32, 1, 132) == 25
+    assert balanced_rows(6144, 32, 2, 132) == 32
+    with pytest.raises(ConfigError, match="rows"):
+        K.SkinnyConfig(block_n=16, rows=17)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 200_000), split=st.integers(1, 8), sms=st.integers(1, 200),
+       block_n=st.sampled_from([16, 32, 64]))
+def test_balanced_rows_is_near_the_least_busy_sm(n, split, sms, block_n):
+    from openinfer.models.qwen3.kernels.skinny_linear import balanced_rows
+
+    def busiest(rows):
+        return -(-(-(-n // rows) * split) // sms) * rows
+    rows = balanced_rows(n, block_n, split, sms)
+    assert block_n // 2 < rows <= block_n
+    assert busiest(rows) <= 1.03 * min(busiest(r) for r in range(block_n // 2 + 1, block_n + 1))
 
 
 def test_skinny_logits_fp32(device):

@@ -45,6 +45,15 @@ _PRE_RANGE = range(1, MAX_PRE_TILES + 1)
 PRE_TILES = env_choice("OPENINFER_SKINNY_PRE", 3, _PRE_RANGE, "W tiles read before the PDL wait")
 PRE_TILES_GATED = env_choice("OPENINFER_SKINNY_PRE_GATED", 1, _PRE_RANGE,
                              "W tiles read before the PDL wait, gated GEMM")
+# Rows per program chosen so that every SM holds the same number of programs (1) or one
+# tile's rows (0). The step's GEMMs run as one wave, and an SM holding 3 programs where most
+# hold 2 finishes last: in a bs1 step on an H100 (scripts/decode_ablation.py,
+# results/gpu/fold_norms_attempt/) o_proj cost 1.25x its bytes over copy bandwidth, down
+# 1.36x and gate/up 1.19x, close to their 3 / 2.42 and 3 / 2.30 programs-per-SM ratios,
+# while QKV (2.91 a SM) cost 1.06x. Balanced (results/gpu/balanced_rows/): gate/up 1.03x,
+# down 1.15x, o_proj 1.19x; bs1 decode -1.3% at 1k and 4k, bs8 -1.4 to -1.9%, bs32/64 equal.
+BALANCE = env_choice("OPENINFER_SKINNY_BALANCE", 1, (0, 1),
+                     "1: rows per program that fill every SM evenly")
 # Output rows per program of the gated (gate/up) GEMM: its 2 x 9,728 rows at a 4B make 304
 # programs of 32, 608 of 16. 16 was timed as a fuller last wave and was slower: bs1 decode
 # +12.6% on an H100 (results/gpu/tiles_attempt/), so 32 stays.
@@ -77,14 +86,15 @@ def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.cons
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PRE: tl.constexpr,
                    DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = pid_n * ROWS + tl.arange(0, BLOCK_N)    # a program owns ROWS <= BLOCK_N rows
     m_mask = offs_m < M
-    n_mask = offs_n < N
+    n_mask = (tl.arange(0, BLOCK_N) < ROWS) & (offs_n < N)
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_rows = x_ptr + offs_m[:, None] * s_xm
@@ -150,10 +160,17 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 4
     pre_tiles: int = 1    # W tiles each program reads before waiting on the previous kernel
+    rows: int = 0         # output rows a program owns (<= block_n; 0: block_n)
 
     def __post_init__(self) -> None:
         require(1 <= self.pre_tiles <= MAX_PRE_TILES, "pre_tiles", self.pre_tiles,
                 f"1..{MAX_PRE_TILES} W tiles read before the PDL wait")
+        require(0 <= self.rows <= self.block_n, "rows", self.rows,
+                f"0..block_n ({self.block_n}) output rows per program")
+
+    @property
+    def rows_per_program(self) -> int:
+        return self.rows or self.block_n
 
 
 @lru_cache(maxsize=None)
@@ -172,7 +189,8 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
     """32-row tiles; split K until there are >= 2 programs per SM (QKV: 2 splits, o_proj
     and down_proj of a 4B: 4) where the consumer takes parts; a gated product cannot split
     (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
-    sweep on an H200 (``scripts/device_decode_bench.py --sweep``)."""
+    sweep on an H200 (``scripts/device_decode_bench.py --sweep``). With ``BALANCE`` a
+    program owns ``balanced_rows`` of its tile's rows, so that every SM gets as many."""
     if n >= 256 * sms:
         return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES)
     block_n, block_k = (GATED_BLOCK_N if gated else 32), 128
@@ -182,7 +200,22 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
         while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * block_k:
             split *= 2
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split,
-                        pre_tiles=PRE_TILES_GATED if gated else PRE_TILES)
+                        pre_tiles=PRE_TILES_GATED if gated else PRE_TILES,
+                        rows=balanced_rows(n, block_n, split, sms) if BALANCE else 0)
+
+
+def balanced_rows(n: int, block_n: int, split: int, sms: int) -> int:
+    """Output rows per program (half a tile to a whole one) that minimise the rows of the
+    busiest SM, ``ceil(programs / sms) * rows``, all programs running as one wave of equal
+    work each: the widest within 3% of that minimum (more, smaller programs cost ramp time
+    the count ignores). A 4B at 132 SMs: o_proj and down_proj 26 rows (396 programs, 3 on
+    every SM; 32 rows make 320, 3 on some SMs and 2 on most), gate/up 25 (390), QKV stays
+    at 32 (384, where 19 rows would save 1%)."""
+    def busiest(rows: int) -> int:
+        return triton.cdiv(triton.cdiv(n, rows) * split, sms) * rows
+    candidates = range(block_n, block_n // 2, -1)
+    least = min(busiest(r) for r in candidates)
+    return next(r for r in candidates if busiest(r) <= 1.03 * least)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
@@ -190,11 +223,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
     M, K = x.shape
     assert M <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
     per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    rows = cfg.rows_per_program
+    grid = (triton.cdiv(n, rows), cfg.split_k)
     _skinny_kernel[grid](x, w, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
                          y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
-                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
-                         DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
+                         BLOCK_N=cfg.block_n, ROWS=rows, BLOCK_K=cfg.block_k,
+                         PRE=cfg.pre_tiles, DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
                          num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          **pdl_args(x.device))
 
