@@ -121,21 +121,10 @@ def step_time(pack: Any, ops: Any, context: int, max_context: int, repeats: int)
     the graph is captured for ``max_context`` (which fixes the attention's split count, as
     ``experiments.validate.bench.bench_decode`` does)."""
     import torch
-    from experiments.validate.bench import fill_random
+    from device_decode_bench import bs1_graph
     from experiments.validate.common import time_fn
-    from openinfer.models.qwen3 import ForwardBatch, SeqInput
-    from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
-    page = 16
-    model = model_with(pack, ops)
-    pps = -(-(max_context + 1) // page)
-    arena = model.make_arena(1 + pps, page)
-    fill_random(arena.data, 3)
-    arena.data[0].zero_()
-    graphs = DecodeGraphs(model, arena, max_pages_per_seq=pps, buckets=[1])
-    graphs.capture()
-    batch = ForwardBatch.from_seqs([SeqInput([7], context, list(range(1, 1 + pps)))], page,
-                                   pack.device, max_pages=pps)
-    t = time_fn(lambda: graphs.run(batch), pack.device, repeats, warmup=3)["median_s"]
+    graphs, arena, batch = bs1_graph(model_with(pack, ops), context, max_context)
+    t = time_fn(lambda g=graphs: g.run(batch), pack.device, repeats, warmup=3)["median_s"]
     del graphs, arena
     torch.cuda.empty_cache()
     return t

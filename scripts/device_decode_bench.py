@@ -88,23 +88,33 @@ def _by_kernel(ev: list[tuple[str, float]], steps: int) -> list[tuple[float, flo
     return sorted(((sum(v) / steps, len(v) / steps, n) for n, v in by_name.items()), reverse=True)
 
 
-def kernels_per_step(pack: Any, context: int = 4096, steps: int = 5) -> dict[str, Any]:
-    """Kernels in one bs-1 decode step and their summed device time, from graph replays;
-    and the replayed logits against the reference backend's on the same (random) KV."""
-    import torch
+def bs1_graph(model: Any, context: int, max_context: int | None = None
+              ) -> tuple[Any, Any, Any]:
+    """(graphs, arena, batch): ``model``'s bs-1 decode graph captured for ``max_context``
+    (default ``context``; it fixes the attention's split count) over random KV, and a
+    batch of one token behind ``context`` cached ones."""
     from experiments.validate.bench import fill_random
-    from openinfer.models.qwen3 import ForwardBatch, Qwen3Model, SeqInput
+    from openinfer.models.qwen3 import ForwardBatch, SeqInput
     from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
-    bs = 16
-    model = Qwen3Model(pack.cfg, pack.weights, "triton")
-    pps = -(-(context + 1) // bs)
-    arena = model.make_arena(1 + pps, bs)
+    page = 16
+    pps = -(-((max_context or context) + 1) // page)
+    arena = model.make_arena(1 + pps, page)
     fill_random(arena.data, 3)
     arena.data[0].zero_()
     graphs = DecodeGraphs(model, arena, max_pages_per_seq=pps, buckets=[1])
     graphs.capture()
-    batch = ForwardBatch.from_seqs([SeqInput([7], context, list(range(1, 1 + pps)))], bs,
-                                   pack.device, max_pages=pps)
+    batch = ForwardBatch.from_seqs([SeqInput([7], context, list(range(1, 1 + pps)))], page,
+                                   model.device, max_pages=pps)
+    return graphs, arena, batch
+
+
+def kernels_per_step(pack: Any, context: int = 4096, steps: int = 5) -> dict[str, Any]:
+    """Kernels in one bs-1 decode step and their summed device time, from graph replays;
+    and the replayed logits against the reference backend's on the same (random) KV."""
+    import torch
+    from openinfer.models.qwen3 import Qwen3Model
+    model = Qwen3Model(pack.cfg, pack.weights, "triton")
+    graphs, arena, batch = bs1_graph(model, context)
     graphs.run(batch)
     torch.cuda.synchronize()
     source = "graph replay"
