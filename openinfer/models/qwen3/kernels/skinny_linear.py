@@ -50,8 +50,9 @@ PRE_TILES_GATED = env_choice("OPENINFER_SKINNY_PRE_GATED", 1, _PRE_RANGE,
 # hold 2 finishes last: in a bs1 step on an H100 (scripts/decode_ablation.py,
 # results/gpu/fold_norms_attempt/) o_proj cost 1.25x its bytes over copy bandwidth, down
 # 1.36x and gate/up 1.19x, close to their 3 / 2.42 and 3 / 2.30 programs-per-SM ratios,
-# while QKV (2.91 a SM) cost 1.06x. Balanced (results/gpu/balanced_rows/): gate/up 1.03x,
-# down 1.15x, o_proj 1.19x; bs1 decode -1.3% at 1k and 4k, bs8 -1.4 to -1.9%, bs32/64 equal.
+# while QKV (2.91 a SM) cost 1.06x. Balanced (results/gpu/balanced_rows/, two H100 calls):
+# gate/up 1.03x, down 1.15x, o_proj 1.19x; bs1 decode -1.2 to -1.5% at 1k and 4k, bs8 -0.8
+# to -1.9%, bs32/64 equal.
 BALANCE = env_choice("OPENINFER_SKINNY_BALANCE", 1, (0, 1),
                      "1: rows per program that fill every SM evenly")
 # Output rows per program of the gated (gate/up) GEMM: its 2 x 9,728 rows at a 4B make 304
@@ -87,8 +88,8 @@ def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.cons
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PRE: tl.constexpr,
-                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                   PRE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                   PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
