@@ -12,7 +12,7 @@ against its bytes over the copy bandwidth measured in the same process: what is 
 the kind's overhead (launch, ramp, tail, waiting). The logits of an ablated step are
 meaningless; only its time is used. ``--ops KEY=VALUE[,...]`` (repeatable) also times the
 whole step with other ``TritonOps`` settings, e.g. ``--ops decode_splits=16 --ops
-fold_norms=1``, side by side with the default in the same process.
+decode_splits=64``, side by side with the default in the same process.
 
 GPU only; medians of ``--repeats`` graph replays. Writes ``ablation.json`` and prints a
 table.
@@ -47,7 +47,7 @@ def stub_ops(skip: str, **settings: int) -> Any:
         def __init__(self) -> None:
             super().__init__(**settings)
             self.skip = skip
-            self.proj = {}                  # weight shape -> projection name, set by ablate()
+            self.proj = {}                  # weight shape -> projection name (model_with)
             self.static: dict[tuple, torch.Tensor] = {}
 
         def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> Any:
@@ -90,15 +90,17 @@ def stub_ops(skip: str, **settings: int) -> Any:
     return StubOps()
 
 
-def kind_bytes(cfg: Any, context: int) -> dict[str, int]:
-    """Bytes each kind must read once a step (bf16 weights; the KV of ``context`` tokens)."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    i, layers = cfg.intermediate_size, cfg.num_hidden_layers
-    return dict(attention=layers * (context + 1) * 2 * kv * 2, norms=0,
-                qkv=layers * (q + 2 * kv) * h * 2, o_proj=layers * h * q * 2,
-                gate_up=layers * 2 * i * h * 2, down=layers * h * i * 2,
-                lm_head=cfg.vocab_size * h * 2)
+def kind_bytes(cfg: Any, context: int, dtype: Any) -> dict[str, int]:
+    """Bytes each kind must read once a step: its weights in ``dtype``, and for attention
+    the KV of the ``context`` cached tokens and the new one."""
+    import torch
+    from experiments.validate.bench import kv_bytes_per_token
+    e = torch.empty((), dtype=dtype).element_size()
+    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    return dict(attention=(context + 1) * kv_bytes_per_token(cfg, dtype), norms=0,
+                qkv=layers * (cfg.q_size + 2 * cfg.kv_size) * h * e,
+                o_proj=layers * h * cfg.q_size * e, gate_up=layers * 2 * i * h * e,
+                down=layers * h * i * e, lm_head=cfg.vocab_size * h * e)
 
 
 def launches(cfg: Any) -> dict[str, int]:
@@ -110,7 +112,7 @@ def model_with(pack: Any, ops: Any) -> Any:
     """The model over ``pack``'s weights with ``ops``, which learns the projections' shapes."""
     from openinfer.models.qwen3 import Qwen3Model
     c = pack.cfg
-    ops.proj = {(c.q_size + 2 * c.num_key_value_heads * c.head_dim, c.hidden_size): "qkv",
+    ops.proj = {(c.q_size + 2 * c.kv_size, c.hidden_size): "qkv",
                 (c.hidden_size, c.q_size): "o_proj",
                 (c.hidden_size, c.intermediate_size): "down"}
     return Qwen3Model(c, pack.weights, ops)
@@ -153,7 +155,7 @@ def main() -> None:
         full = step_time(pack, stub_ops(""), ctx, top, a.repeats)
         rows.append(dict(context=ctx, what="step", s=full))
         log(f"ctx {ctx}: step {full * 1e3:.3f} ms")
-        nbytes, count = kind_bytes(pack.cfg, ctx), launches(pack.cfg)
+        nbytes, count = kind_bytes(pack.cfg, ctx, pack.dtype), launches(pack.cfg)
         for kind in KINDS:
             t = step_time(pack, stub_ops(kind), ctx, top, a.repeats)
             cost = full - t
