@@ -67,10 +67,10 @@ TARGET_PEAK_MB = 1500.0    # 1.5 GB = 1,500 MB of 10^6 bytes
 
 # Wall seconds of one run of n requests on this 2-core machine (2026-12-03, fitted to 1k
 # and 10k runs; chat 2026-12-05, its 10k runs then; offline 2026-12-05 at 0ce20cb, its 1k
-# and 10k runs then, 1.03 per request paired), for the time estimate only:
-# n / rate + quad * n^2. The progress lines rescale the model by what the runs measure as
-# they finish.
-NOMINAL = {"chat": (1100.0, 0.0), "pd": (130.0, 0.0), "offline": (1100.0, 0.0)}
+# and 10k runs then, 1.03 per request paired), for the time estimate only: n / rate
+# (requests a second; every case is linear now). The progress lines rescale the model by
+# what the runs measure as they finish.
+NOMINAL = {"chat": 1100.0, "pd": 130.0, "offline": 1100.0}
 STARTUP_S = 1.0            # a fresh interpreter and the imports, per run
 DEFAULT_SIZES = {"offline": "1000,10000"}
 # Monitor findings a case produces by construction, not by a bug: every request of the
@@ -194,8 +194,7 @@ def plan(cfg: BenchConfig) -> tuple[list[Job], dict[str, dict[str, float]]]:
 
 
 def model_s(case: str, n: int) -> float:
-    rps, quad = NOMINAL[case]
-    return n / rps + quad * n * n
+    return n / NOMINAL[case]
 
 
 def estimate_s(job: Job, scale: dict[tuple[str, str], float]) -> float:

@@ -225,18 +225,17 @@ class Monitor:
         holders = self._holders
         if not holders:
             return
-        broken = False
+        broken = []
         for rid, (pre, hold) in list(holders.items()):
             if pre.released:
                 del holders[rid]
-            elif not broken and self._broken_page(hold) is not None:
-                broken = True
+            elif self._broken_page(hold) is not None:
+                broken.append(rid)
         if not broken:
             return
         self._fail_first_broken_hold()
-        for rid, (_pre, hold) in list(holders.items()):
-            if self._broken_page(hold) is not None:
-                del holders[rid]
+        for rid in broken:
+            del holders[rid]
 
     def _broken_page(self, hold: PrefixProbe) -> tuple[int, int] | None:
         """(block, page) of the hold's first page that is free or holds another block."""
