@@ -61,7 +61,7 @@ class AbortSpec:
 
 @dataclass(slots=True)
 class RequestSpec:
-    prompt: Sequence[int]  # the workloads send compact_tokens (sim.tokens)
+    prompt: Sequence[int]  # compact_tokens (sim.tokens), but a trace's explicit prompts are lists
     output_len: int
     session: int | None = None
     turn: int = 0

@@ -32,7 +32,7 @@ def credit(p: PendingRequest, block_size: int) -> int:
 
 @dataclass
 class AdmissionResult:
-    """One pass's decisions, each list in queue order.
+    """One pass's decisions, each list in queue order but ``shed`` (rear-most first).
 
     A pass looks at requests one by one while a batch slot is free, then leaves the
     vetted rest of the queue deferred where it stands (``kept``, positions in the queue)
