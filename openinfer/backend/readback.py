@@ -29,7 +29,10 @@ def _to_host_kernel(tok_ptr, lp_ptr, tok_out, lp_out, n, BLOCK: tl.constexpr):
 def to_host(tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Host tensors that hold ``tokens`` (int64) and ``logprobs`` (fp32) once the work
     queued so far on the current stream is done (record an event after this call and wait
-    for it before reading them)."""
+    for it before reading them). Keep both until then: the caching host allocator does not
+    see a kernel's writes, so a tensor dropped earlier frees its pinned block at once, and
+    the next pinned allocation of that size (a step's upload) can get it and be
+    overwritten by the queued kernel."""
     if tokens.device.type != "cuda":
         return tokens, logprobs.float()
     n = tokens.numel()
