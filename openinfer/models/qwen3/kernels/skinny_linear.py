@@ -60,6 +60,15 @@ BALANCE = env_choice("OPENINFER_SKINNY_BALANCE", 1, (0, 1),
 # +12.6% on an H100 (results/gpu/tiles_attempt/), so 32 stays.
 GATED_BLOCK_N = env_choice("OPENINFER_SKINNY_GATED_BN", 32, (16, 32, 64),
                            "output rows per program of the gated GEMM")
+# Pipeline stages (W tiles in flight through shared memory) of the decode GEMMs. A stage
+# takes 12 KB of shared memory (20 KB gated: gate, up and x tiles), and an SM can make the
+# next kernel's programs resident (PDL) only where the running ones leave room: three
+# gate/up programs at 4 stages hold 186 of the SM's 228 KB, so one down_proj program of the
+# next kernel fits beside them, at 3 stages (126 KB) two.
+STAGES = env_choice("OPENINFER_SKINNY_STAGES", 4, (2, 3, 4, 5),
+                    "pipeline stages of the decode GEMM")
+STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
+                          "pipeline stages of the gated decode GEMM")
 
 
 @triton.jit
@@ -201,6 +210,7 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
         while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * block_k:
             split *= 2
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split,
+                        num_stages=STAGES_GATED if gated else STAGES,
                         pre_tiles=PRE_TILES_GATED if gated else PRE_TILES,
                         rows=balanced_rows(n, block_n, split, sms) if BALANCE else 0)
 
