@@ -1,6 +1,7 @@
 """Where a batch-1 decode step's time goes, measured inside the real CUDA-graph step.
 
     PYTHONPATH=$PWD python3 scripts/decode_ablation.py --out $OUT/ablation [--contexts 1024,4096]
+        [--graph-context TOKENS] [--ops KEY=VALUE[,...]] [--repeats N]
 
 Kernels of a step overlap (PDL lets each start while the one before drains), so a kernel
 timed alone, or its profiler duration inside the step, does not say what it costs the
@@ -139,7 +140,12 @@ def main() -> None:
     ap.add_argument("--ops", action="append", default=[], metavar="KEY=VALUE[,...]",
                     help="also time the step with these TritonOps settings (repeatable)")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--graph-context", type=int, default=0, metavar="TOKENS",
+                    help="capture for this many tokens (default: the longest context); it "
+                         "fixes the attention's split count, as max_context_tokens does")
     a = ap.parse_args()
+    if a.graph_context < 0:
+        ap.error(f"--graph-context {a.graph_context}: want a token count >= 0")
     import torch
     from device_decode_bench import random_pack
     from experiments.validate.bench import copy_bandwidth
@@ -150,7 +156,7 @@ def main() -> None:
     log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.3f} TB/s")
     rows: list[dict[str, Any]] = []
     contexts = [int(x) for x in a.contexts.split(",")]
-    top = max(contexts)
+    top = max(a.graph_context, *contexts)
     for ctx in contexts:
         full = step_time(pack, stub_ops(""), ctx, top, a.repeats)
         rows.append(dict(context=ctx, what="step", s=full))

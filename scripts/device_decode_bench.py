@@ -1,7 +1,8 @@
 """Decode benchmark of issue #6 on the GPU machine: before/after in one run, kernels per step.
 
     PYTHONPATH=$PWD python3 scripts/device_decode_bench.py --out $OUT \\
-        [--base .bench_base] [--no-pdl] [--sweep] [--tests]
+        [--base .bench_base] [--no-pdl] [--sweep] [--tests] [--graph-context TOKENS] \\
+        [--variant LABEL:VAR=VALUE[,...]]
 
 ``--base DIR`` holds an older ``openinfer/`` package (``git archive <rev> openinfer | tar -x
 -C DIR``): it is benchmarked in a subprocess with ``DIR`` first on ``PYTHONPATH``, the
@@ -15,6 +16,8 @@ copies, so L2 holds none of them); ``SWEEP_PARTS=attention`` (or ``linear``) run
 Every worker first times one eager unified step (a 182-token chunk behind 512 cached
 tokens plus 8 decode rows at 1k context: wall, launch, CUDA-event and kernel time);
 ``EAGER_ONLY=1`` stops there, for the eager-step comparison of old and new kernels.
+``--graph-context 8192`` captures the graphs for that many tokens, as a served instance's
+``max_context_tokens`` does: the attention's split count follows it, not the context run.
 Results: ``$OUT/decode_bench.json`` and ``$OUT/decode_bench.log``; the table prints last.
 
 Weights are random (N(0, 1/fan_in), norms 1 + 0.1 N) drawn on the GPU and assembled by the
@@ -208,13 +211,14 @@ def check_against_reference(pack: Any) -> dict[str, Any]:
     return res
 
 
-def worker(label: str, out: Path) -> None:
+def worker(label: str, out: Path, graph_context: int = 0) -> None:
     import torch
     from experiments.validate.bench import BenchSpec, bench_decode, copy_bandwidth
     import openinfer
     res: dict[str, Any] = dict(label=label, package=str(Path(openinfer.__file__).parent))
     pack = random_pack("4b")
-    spec = BenchSpec()
+    spec = BenchSpec(graph_context=graph_context)
+    res["graph_context"] = graph_context
     res["eager"] = eager_step(pack)
     e = res["eager"]
     log(f"{label}: eager unified step wall {e['wall_ms']:.2f} ms, launch {e['launch_ms']:.2f} ms, "
@@ -439,6 +443,10 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=VALUE[,...]",
                     help="also benchmark the working tree with environment VAR=VALUE "
                          "(repeatable), e.g. l2_24:OPENINFER_L2_PREFETCH_MB=24")
+    ap.add_argument("--graph-context", type=int, default=0, metavar="TOKENS",
+                    help="capture the decode graphs for this many tokens (default: the longest "
+                         "context, 4096); it fixes the attention's split count, as a served "
+                         "instance's max_context_tokens does")
     ap.add_argument("--tests-timeout", type=float, default=150)
     ap.add_argument("--worker", default=None)
     a = ap.parse_args()
@@ -446,20 +454,23 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if a.worker == "sweep":
         return sweep_worker(out)
+    if a.graph_context < 0:
+        sys.exit(f"--graph-context {a.graph_context}: want a token count >= 0 (0: the longest context)")
     if a.worker:
-        return worker(a.worker, out)
+        return worker(a.worker, out, a.graph_context)
     here = str(ROOT)
     t0 = time.perf_counter()
     rc: dict[str, int] = {}
-    rc["after"] = run_child(["--worker", "after", "--out", str(out)], here, 150)
+    common = ["--out", str(out), "--graph-context", str(a.graph_context)]
+    rc["after"] = run_child(["--worker", "after", *common], here, 150)
     variants = [parse_variant(v) for v in a.variant]
     if a.no_pdl:
         variants.insert(0, ("after_nopdl", {"OPENINFER_PDL": "0"}))
     for label, env in variants:
-        rc[label] = run_child(["--worker", label, "--out", str(out)], here, 120, **env)
+        rc[label] = run_child(["--worker", label, *common], here, 120, **env)
     if a.base:
         base = str((ROOT / a.base).resolve())
-        rc["before"] = run_child(["--worker", "before", "--out", str(out)], f"{base}:{here}", 120)
+        rc["before"] = run_child(["--worker", "before", *common], f"{base}:{here}", 120)
     if a.sweep:
         rc["sweep"] = run_child(["--worker", "sweep", "--out", str(out)], here, 150)
     if a.tests:

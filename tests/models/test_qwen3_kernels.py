@@ -79,8 +79,9 @@ def test_prefill_bf16(device):
     torch.testing.assert_close(out, ref, **BF16_TOL)
 
 
+@pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3, 4])
-def test_decode_split_kv_with_padding_rows(device, num_splits):
+def test_decode_split_kv_with_padding_rows(device, num_splits, cached):
     # seq lens 5, 17, 33, 1, 11, 70: empty splits, one tile, several tiles a split
     # (70 tokens over 3 or 4 splits of up to 24 tokens, tiles of 16), a length mid-page
     seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1), (69, 1)]
@@ -88,7 +89,8 @@ def test_decode_split_kv_with_padding_rows(device, num_splits):
     bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=2)
     q = torch.randn(T, HQ, D, device=device)
     kc, vc = arena.k(0), arena.v(0)
-    out = K.decode_attention(q, kc, vc, bt, lens, 0.25, num_splits=num_splits, block_n=16)
+    out = K.decode_attention(q, kc, vc, bt, lens, 0.25, num_splits=num_splits, block_n=16,
+                             cached_splits=cached)
     ref = R.paged_attention(q, kc, vc, bt, lens, qloc, 0.25)
     assert torch.isfinite(out).all()
     assert (out - ref).abs().max().item() <= FP32_ATOL
@@ -105,9 +107,10 @@ def test_decode_bf16(device):
     torch.testing.assert_close(out, ref, **BF16_TOL)
 
 
+@pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("dtype,parts,num_splits", [(torch.float32, 1, 1), (torch.float32, 3, 3),
                                                      (torch.float32, 1, 4), (torch.bfloat16, 2, 3)])
-def test_decode_from_qkv_parts(device, dtype, parts, num_splits):
+def test_decode_from_qkv_parts(device, dtype, parts, num_splits, cached):
     """The decode attention that does q/k norm + RoPE + KV write itself equals the two
     reference steps (qkv_norm_rope_write, then paged attention): outputs, and the arena
     after it, where only the newest token's slot of each real row changed. The newest slot
@@ -129,7 +132,7 @@ def test_decode_from_qkv_parts(device, dtype, parts, num_splits):
     got, want = arena.data.clone(), arena.data.clone()
     src = K.QKVParts(qkv, HQ, wq, wk, cos, sin, last, slots, 1e-6)
     out = K.decode_attention(src, got[:, 1, 0], got[:, 1, 1], bt, lens, 0.25,
-                             num_splits=num_splits, block_n=16)
+                             num_splits=num_splits, block_n=16, cached_splits=cached)
     q = R.qkv_norm_rope_write(qkv, wq, wk, cos, sin, last, 1e-6, want[:, 1, 0], want[:, 1, 1],
                               slots, HQ)
     ref = R.paged_attention(q, want[:, 1, 0], want[:, 1, 1], bt, lens, qloc, 0.25)
@@ -140,12 +143,21 @@ def test_decode_from_qkv_parts(device, dtype, parts, num_splits):
     assert changed.flatten(3).any(-1).sum().item() == 2 * len(seqs)   # K and V, one slot a row
 
 
-def test_default_num_splits_static():
+def test_default_num_splits_static(monkeypatch):
+    import importlib
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    monkeypatch.setattr(mod, "MAX_SPLITS", 64)        # the knobs' defaults, whatever the env
+    monkeypatch.setattr(mod, "MIN_SPLIT_TOKENS", 128)
     assert K.default_num_splits(1, 8, 40960) == 64
     assert K.default_num_splits(1, 8, 4112) == 33    # bs 1 at 4k: ~125 tokens a split
     assert K.default_num_splits(8, 8, 4112) == 8
     assert K.default_num_splits(256, 8, 40960) == 1
     assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split
+    # the launch knobs' bounds (OPENINFER_DECODE_MAX_SPLITS, _MIN_SPLIT_TOKENS)
+    assert K.default_num_splits(1, 8, 16400, max_splits=32) == 32
+    assert K.default_num_splits(1, 8, 16400, max_splits=33) == 33
+    assert K.default_num_splits(1, 8, 1040, min_tokens=32) == 33
+    assert K.default_num_splits(1, 8, 1040, max_splits=32, min_tokens=32) == 32
 
 
 @pytest.mark.parametrize("n", [64, 48])

@@ -50,6 +50,18 @@ BLOCK_N = env_choice("OPENINFER_DECODE_BLOCK_N", 32, (16, 32, 64, 128),
                      "tokens per K/V tile of the decode attention")
 WARPS = env_choice("OPENINFER_DECODE_WARPS", 0, (0, 1, 2, 4, 8),
                    "warps per decode program (0: 8 with QKVParts, else 4)")
+# How the KV length is cut (results/gpu/splits_cached_attempt/, H100). CACHED_SPLITS=1 cuts
+# the cached tokens only and hands the newest to the split whose range it continues (or the
+# last): bs32/64 -0.5..-1.6% (no 17th tile for the newest token), but bs1 +1.1..1.5% on a
+# 4k-max graph (32 splits against 33 that already give 32 one-tile splits at 1k, the newest
+# alone in the 33rd). MAX_SPLITS and MIN_SPLIT_TOKENS bound default_num_splits: a graph
+# captured for 16k tokens at bs1 gets 64, where 32 was 2.8-4.4% faster at 1k-16k.
+CACHED_SPLITS = env_choice("OPENINFER_DECODE_CACHED_SPLITS", 0, (0, 1),
+                           "1: split the cached tokens, the newest to one split")
+MAX_SPLITS = env_choice("OPENINFER_DECODE_MAX_SPLITS", 64, (16, 32, 33, 48, 64),
+                        "most KV splits a decode row gets")
+MIN_SPLIT_TOKENS = env_choice("OPENINFER_DECODE_MIN_SPLIT_TOKENS", 128, (32, 64, 128),
+                              "fewest tokens a split of a full-length context gets")
 
 
 @triton.jit
@@ -67,7 +79,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
-                         HK: tl.constexpr, NUM_PARTS: tl.constexpr, PDL: tl.constexpr):
+                         HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
+                         PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -75,10 +88,19 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
     # newest were written before the kernel this one waits on, so they are read ahead of
     # the wait; the newest token (position seq_len - 1) is folded in after it.
     seq_len = tl.load(seq_lens_ptr + b)
-    per_split = tl.cdiv(seq_len, NUM_SPLITS)
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, seq_len)
     last = seq_len - 1
+    if CACHED:
+        # The splits share the cached tokens [0, last); the newest goes to the split whose
+        # range it continues, the last one if it lies past them all.
+        per_split = tl.maximum(tl.cdiv(last, NUM_SPLITS), 1)
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, last)
+        owns_newest = split == tl.minimum(last // per_split, NUM_SPLITS - 1)
+    else:
+        per_split = tl.cdiv(seq_len, NUM_SPLITS)
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, seq_len)
+        owns_newest = (lo <= last) & (last < hi)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < GROUP
@@ -110,7 +132,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
         # The program whose range holds the newest token writes it (slot < 0: a padding
         # row, nothing is written and the cache's own value is used, as the split kernel
         # would read it).
-        mine = (lo <= last) & (last < hi) & (slot >= 0)
+        mine = owns_newest & (slot >= 0)
         page = tl.where(slot >= 0, slot // PAGE, 0)
         off = tl.where(slot >= 0, slot % PAGE, 0)
         w_mask = d_mask[None, :] & mine
@@ -137,7 +159,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                                s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
         m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
                                     DOT_PREC, UPCAST)
-    if (lo <= last) & (last < hi):
+    if owns_newest:
         m_i, l_i, acc = attend_row(q, k_new, v_new, m_i, l_i, acc, sm_scale)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = g_mask[:, None] & d_mask[None, :]
@@ -170,13 +192,17 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
              mask=offs_d < HEAD_DIM)
 
 
-def default_num_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
-    """About 512 programs (~4 per SM of a 132-SM H200) without cutting a full-length
-    context into splits under 128 tokens; depends only on static sizes, so it is fixed per
-    graph bucket. From a sweep on an H200 at bs 1 and 8, 1k and 4k context
-    (``scripts/device_decode_bench.py --sweep``): bs 1 wants ~32 splits, bs 8 ~8."""
+def default_num_splits(batch: int, num_kv_heads: int, max_context: int,
+                       max_splits: int | None = None, min_tokens: int | None = None) -> int:
+    """About 512 programs (~4 per SM of a 132-SM H200), at most ``max_splits``
+    (MAX_SPLITS), without cutting a full-length context into splits under ``min_tokens``
+    (MIN_SPLIT_TOKENS); depends only on static sizes, so it is fixed per graph bucket. From
+    a sweep on an H200 at bs 1 and 8, 1k and 4k context (``scripts/device_decode_bench.py
+    --sweep``): bs 1 wants ~32 splits, bs 8 ~8."""
+    max_splits = MAX_SPLITS if max_splits is None else max_splits
+    min_tokens = MIN_SPLIT_TOKENS if min_tokens is None else min_tokens
     want = triton.cdiv(512, batch * num_kv_heads)
-    return max(1, min(64, want, triton.cdiv(max_context, 128)))
+    return max(1, min(max_splits, want, triton.cdiv(max_context, min_tokens)))
 
 
 def can_take_qkv(head_dim: int) -> bool:
@@ -205,11 +231,13 @@ class QKVParts:
 def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      num_splits: int | None = None, block_n: int = BLOCK_N,
-                     num_warps: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, cached_splits: bool | None = None
+                     ) -> torch.Tensor:
     """q ``[B, Hq, D]`` (one token per sequence, its K/V already written), or the QKV
     projection as ``QKVParts`` (its K/V is written here); caches ``[pages, block, Hk, D]``,
     ``seq_lens[b] >= 1`` -> out ``[B, Hq, D]``. Padding rows: seq_len 1 on a padding page
-    (and slot -1)."""
+    (and slot -1). ``cached_splits`` (default CACHED_SPLITS): how the KV length is cut,
+    the same result either way."""
     Hk, D, page = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and block_n >= 16
     if isinstance(q, QKVParts):
@@ -247,7 +275,9 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         rope[2].stride(0), HEAD_DIM=D, GROUP=group, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, FROM_QKV=isinstance(q, QKVParts),
-        HQ=Hq, HK=Hk, NUM_PARTS=S, num_warps=num_warps, **pdl_args(k_cache.device))
+        HQ=Hq, HK=Hk, NUM_PARTS=S,
+        CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
+        num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
