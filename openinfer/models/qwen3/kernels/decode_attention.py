@@ -129,7 +129,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
         k_new = _cat_halves(k1, k2, 1, HALF)
         v_new = load_parts(row + (HQ + HK + kvh) * HEAD_DIM + offs_d[None, :], s_qs, 0,
                            d_mask[None, :], NUM_PARTS, dt)
-        # The program whose range holds the newest token writes it (slot < 0: a padding
+        # The program that owns the newest token writes it (slot < 0: a padding
         # row, nothing is written and the cache's own value is used, as the split kernel
         # would read it).
         mine = owns_newest & (slot >= 0)
