@@ -37,18 +37,21 @@ def test_off_the_gpu_the_tensors_are_already_host_tensors():
                     reason="needs a CUDA GPU (the caching host allocator)")
 def test_a_readback_dropped_before_its_kernel_ran_can_overwrite_the_next_upload():
     """Why every caller holds ``to_host``'s tensors until its event: the caching host
-    allocator does not see the kernel's writes, so a dropped buffer goes straight to the
-    next pinned allocation of its size (a step's upload), and the queued kernel then writes
-    over that. With the GPU held busy, the alias and the overwrite are certain."""
+    allocator does not see the kernel's writes, so a dropped buffer goes straight back to
+    the pool, a step's next pinned upload of that size can get it, and the queued kernel
+    then writes over the upload. With the GPU held busy, the overwrite is certain."""
     from openinfer.backend import readback
     from openinfer.models.qwen3.batch import pinned
     tokens = torch.arange(100, 104, device="cuda")
     logprobs = torch.zeros(4, device="cuda")
+    warm = readback.to_host(tokens, logprobs)         # compiled outside the busy window
+    torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)                    # ~0.1 s: the kernel below stays queued
     tok, lp = readback.to_host(tokens, logprobs)
     dropped = tok.data_ptr()
     del tok, lp
-    upload = pinned([7, 7, 7, 7], torch.int64)
+    uploads = [pinned([7, 7, 7, 7], torch.int64) for _ in range(64)]   # every free block
     torch.cuda.synchronize()
-    assert upload.data_ptr() == dropped
-    assert upload.tolist() == [100, 101, 102, 103]    # the step's inputs, overwritten
+    hit = [u for u in uploads if u.data_ptr() == dropped]
+    assert len(hit) == 1 and warm[0].tolist() == [100, 101, 102, 103]
+    assert hit[0].tolist() == [100, 101, 102, 103]    # the upload, overwritten
