@@ -218,7 +218,7 @@ class Monitor:
 
         Only the requests that joined the queue with a live hold (``_holders``) are looked
         at, not the whole queue every pass: a hold is taken before its request queues and,
-        once released, stays released. A broken one among them sends the queue through the
+        once released, stays released; a request's entry goes at its terminal event too. A broken one among them sends the queue through the
         walk that names the first broken queued hold, in queue order, as every pass once
         did; if that walk finds none, the broken ones have left the queue for good (nothing
         that leaves the waiting and prefilling queues comes back) and are forgotten."""
@@ -334,6 +334,7 @@ class Monitor:
         r = self.reqs.get(ev.req_id)
         self.note(f"{ev.kind._value_} r{ev.req_id}" + (f" ({ev.message})" if ev.message else "")
                   + (" kv_degraded" if ev.kv_degraded else ""))
+        self._holders.pop(ev.req_id, None)   # out of every queue for good (H16 leaks its hold)
         if r is None:
             return
         r.terminals += 1

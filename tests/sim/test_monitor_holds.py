@@ -89,6 +89,7 @@ def test_a_broken_hold_of_a_request_that_left_the_queue_is_not_a_violation() -> 
     assert not rig.engine.deferred and not rig.engine.prefilling
     leaked = next(p for p in rig.seen if p.id == too_long.req_id)
     assert leaked.kv_prefix.hit_tokens == 3 * BS
+    assert too_long.req_id not in rig.monitor._holders     # forgotten, not kept for every pass
     _break_hold(rig, leaked)
     later = rig.submit([700 + i for i in range(40)], 3)     # passes run on; nothing to report
     rig.rt.run()
