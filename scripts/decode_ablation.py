@@ -31,6 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from device_decode_bench import token_count  # noqa: E402  (stdlib only at import)
+
 KINDS = ("attention", "norms", "qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
@@ -140,12 +142,10 @@ def main() -> None:
     ap.add_argument("--ops", action="append", default=[], metavar="KEY=VALUE[,...]",
                     help="also time the step with these TritonOps settings (repeatable)")
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--graph-context", type=int, default=0, metavar="TOKENS",
+    ap.add_argument("--graph-context", type=token_count, default=0, metavar="TOKENS",
                     help="capture for this many tokens (default: the longest context); it "
                          "fixes the attention's split count, as max_context_tokens does")
     a = ap.parse_args()
-    if a.graph_context < 0:
-        ap.error(f"--graph-context {a.graph_context}: want a token count >= 0")
     import torch
     from device_decode_bench import random_pack
     from experiments.validate.bench import copy_bandwidth

@@ -416,6 +416,15 @@ def table(workers: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def token_count(text: str) -> int:
+    """The argparse type of ``--graph-context`` (here and in decode_ablation.py): a token
+    count >= 0, 0 meaning the longest context run."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: want a token count >= 0 (0: the longest context)")
+    return n
+
+
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     """``LABEL:VAR=VALUE[,VAR=VALUE...]`` -> (label, {var: value}), or exit naming the form."""
     label, sep, assigns = text.partition(":")
@@ -443,7 +452,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=VALUE[,...]",
                     help="also benchmark the working tree with environment VAR=VALUE "
                          "(repeatable), e.g. l2_24:OPENINFER_L2_PREFETCH_MB=24")
-    ap.add_argument("--graph-context", type=int, default=0, metavar="TOKENS",
+    ap.add_argument("--graph-context", type=token_count, default=0, metavar="TOKENS",
                     help="capture the decode graphs for this many tokens (default: the longest "
                          "context, 4096); it fixes the attention's split count, as a served "
                          "instance's max_context_tokens does")
@@ -454,8 +463,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if a.worker == "sweep":
         return sweep_worker(out)
-    if a.graph_context < 0:
-        sys.exit(f"--graph-context {a.graph_context}: want a token count >= 0 (0: the longest context)")
     if a.worker:
         return worker(a.worker, out, a.graph_context)
     here = str(ROOT)
