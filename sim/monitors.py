@@ -218,10 +218,11 @@ class Monitor:
 
         Only the requests that joined the queue with a live hold (``_holders``) are looked
         at, not the whole queue every pass: a hold is taken before its request queues and,
-        once released, stays released; a request's entry goes at its terminal event too. A broken one among them sends the queue through the
-        walk that names the first broken queued hold, in queue order, as every pass once
-        did; if that walk finds none, the broken ones have left the queue for good (nothing
-        that leaves the waiting and prefilling queues comes back) and are forgotten."""
+        once released, stays released; a request's entry goes at its terminal event too. A
+        broken one among them sends the queue through the walk that names the first broken
+        queued hold, in queue order, as every pass once did; if that walk finds none, the
+        broken ones have left the queue for good (nothing that leaves the waiting and
+        prefilling queues comes back) and are forgotten."""
         holders = self._holders
         if not holders:
             return
