@@ -163,10 +163,6 @@ class CudaExecutor:
         free = [p for p in range(self.arena.num_pages) if p != self.padding_page]
         touched = 0
         ran = 0
-        # The readback kernel writes pinned host memory that the caching host allocator
-        # does not know is in use: a buffer dropped before that kernel ran could be handed
-        # to the next step's upload and overwritten under it. Held until the sync below.
-        readbacks = []
         for step in steps:
             need = [-(-(new + cached) // bs) for new, cached in step]
             if sum(need) > len(free) or max(need) > self.max_pages_per_seq:
@@ -177,12 +173,11 @@ class CudaExecutor:
                 used += n
             batch = ForwardBatch.from_seqs(seqs, bs, self.device, padding_page=self.padding_page)
             logits = self.model.forward(batch, self.arena)
-            readbacks.append(to_host(logits.argmax(-1), logits.logsumexp(-1)))  # compiles it too
+            to_host(logits.argmax(-1), logits.logsumexp(-1))  # compiles it too; it keeps its buffers
             touched = max(touched, used)
             ran += 1
         if self.on_cuda:
             torch.cuda.synchronize(self.device)
-        readbacks.clear()
         if touched:
             self.arena.data[torch.tensor(free[:touched], device=self.device)] = 0
         return ran
