@@ -30,6 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from device_decode_bench import bs1_graph, random_pack, token_count  # noqa: E402
 
 KINDS = ("attention", "norms", "qkv", "o_proj", "gate_up", "down", "lm_head")
 
@@ -124,7 +125,6 @@ def step_time(pack: Any, ops: Any, context: int, max_context: int, repeats: int)
     the graph is captured for ``max_context`` (which fixes the attention's split count, as
     ``experiments.validate.bench.bench_decode`` does)."""
     import torch
-    from device_decode_bench import bs1_graph
     from experiments.validate.common import time_fn
     graphs, arena, batch = bs1_graph(model_with(pack, ops), context, max_context)
     t = time_fn(lambda g=graphs: g.run(batch), pack.device, repeats, warmup=3)["median_s"]
@@ -134,10 +134,6 @@ def step_time(pack: Any, ops: Any, context: int, max_context: int, repeats: int)
 
 
 def main() -> None:
-    # Imported here, not at the top: importing this module must load nothing new (tests
-    # import it, and Hypothesis draws constants from every local module loaded, which
-    # moved a derandomized stateful canary's examples out of its budget).
-    from device_decode_bench import random_pack, token_count
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/tmp/ablation")
     ap.add_argument("--contexts", default="1024,4096")
