@@ -43,6 +43,11 @@ class ClusterConfig:
         require((self.prefill == 0) == (self.decode == 0), "cluster.prefill", self.prefill,
                 "prefill and decode both > 0 (P/D) or both 0")
         require(self.mixed + self.prefill > 0, "cluster.mixed", self.mixed, "at least one instance")
+        require(self.mixed == 0 or self.prefill == 0, "cluster.mixed", self.mixed,
+                "0 when prefill/decode instances are set (the router sends every request through "
+                "P/D, so mixed instances would get none)")
+        require(isinstance(self.metaserver_rpc_s, (int, float)) and self.metaserver_rpc_s >= 0,
+                "cluster.metaserver_rpc_s", self.metaserver_rpc_s, "a number >= 0 (seconds)")
 
 
 class Router:

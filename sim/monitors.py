@@ -23,7 +23,7 @@ from typing import Any
 from openinfer.kv.pool_audit import PoolAudit
 from openinfer.kv.prefix import KvPrefix
 from openinfer.kv.probe import PrefixProbe
-from openinfer.errors import AccountingError
+from openinfer.errors import AccountingError, require
 from openinfer.kv.store import KvStore
 from openinfer.kv.request_kv import lifetime_blocks
 from openinfer.scheduler.admission import AdmissionResult, credit, future_draws
@@ -101,6 +101,13 @@ class MonitorConfig:
     check_pool_every: int = 1         # full pool.check() every N passes (O(pages)); the
                                       # incremental PoolAudit runs on every pass regardless
     max_passes_per_instant: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("liveness_ticks", "check_pool_every", "max_passes_per_instant"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1, f"monitor.{name}", value, "an int >= 1")
+        require(self.terminal_bound_s > 0, "monitor.terminal_bound_s", self.terminal_bound_s,
+                "a number > 0 (seconds)")
 
 
 @dataclass(slots=True)

@@ -16,10 +16,11 @@ from typing import Any
 
 from openinfer.errors import require
 from openinfer.kv import BlockPool, HostTier, KvStore, MetaServer, PeerDirectory, PeerTier, Rank
+from openinfer.kv.pool import check_block_size
 from openinfer.runtime import OrderSpec, SimRuntime
-from openinfer.scheduler import Engine, Role, SchedulerConfig
+from openinfer.scheduler import Engine, Role, SchedulerConfig, SchedulerSwitches
 from openinfer.variants import variant as get_variant
-from sim.client import AbortSpec, Client
+from sim.client import OUTPUT_MODES, AbortSpec, Client
 from sim.copy_engine import LinkSpec, ModeledTransfer
 from sim.copy_queue import QueuedTransfer
 from sim.gpu_executor import SimExecutor
@@ -79,6 +80,23 @@ class WorldConfig:
         require(self.host in HOSTS, "world.host", self.host, f"one of {', '.join(HOSTS)}")
         require(self.host == "free" or self.transfer == "queued", "world.transfer", self.transfer,
                 "queued when world.host=held (the real DMA starts when the copy is submitted)")
+        require(isinstance(self.timeline_max_rows, int) and self.timeline_max_rows >= 2,
+                "world.timeline_max_rows", self.timeline_max_rows, "an int >= 2 (the first and last sample)")
+        # Rules owned by the objects build_world makes from these fields: making them here
+        # checks a config when it is written, not when a run builds its world.
+        require(self.output_mode in OUTPUT_MODES, "world.output_mode", self.output_mode,
+                f"one of {', '.join(OUTPUT_MODES)}")
+        check_block_size(self.block_size, "world.block_size")
+        OrderSpec(self.order)
+        self.scheduler_config()
+        AbortSpec(self.abort_probability, self.abort_after_s)
+        MonitorConfig(check_pool_every=self.monitor_pool_every)
+
+    def scheduler_config(self, role: Role = Role.MIXED, switches: SchedulerSwitches | None = None
+                         ) -> SchedulerConfig:
+        return SchedulerConfig(max_prefill_tokens=self.max_prefill_tokens, max_decode_batch=self.max_decode_batch,
+                               max_context_tokens=self.max_context_tokens, prefix_cache=self.prefix_cache,
+                               role=role, switches=switches or SchedulerSwitches())
 
 
 @dataclass
@@ -152,9 +170,7 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
     store = KvStore(rt, [Rank(pool, host)], v.store_config())
     sm = step_model or RooflineStepModel(geo, hw)
     executor = (HostHeldExecutor if held else SimExecutor)(rt, sm, vocab_size=geo.vocab_size, seed=cfg.seed)
-    sched = SchedulerConfig(max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
-                            max_context_tokens=cfg.max_context_tokens, prefix_cache=cfg.prefix_cache,
-                            role=role, switches=v.scheduler_switches())
+    sched = cfg.scheduler_config(role, v.scheduler_switches())
     if cfg.copies_after_step:
         transfer.after_compute = executor.compute_free_at
     engine = Engine(rt, store, executor, sched, name=name)

@@ -27,6 +27,10 @@ from sim.workloads import Workload
 from sim.world import WorldConfig
 
 WORKLOAD_KINDS = ("chat", "random")
+# workload keys only one kind reads (make_workload): setting one for the other kind is a mistake
+KIND_ONLY_KEYS = {"chat": ("turns", "system_prompt_len", "user_len", "think_time_s"),
+                  "random": ("input_len", "range_ratio", "prefix_len")}
+METASERVER_PORTS = ("registration", "metaserver")   # the shared MetaServer's, not an instance's
 # what a sweep job can return to a sweeper: the vllm-bench metric keys, plus the finished count
 OBJECTIVES = tuple(k for k in summarize([], [], 0.0) if k not in ("failed",)) + ("finished", "hit_rate")
 BACKENDS = ("sim",)
@@ -39,14 +43,18 @@ _WORLD_KEYS = {
     "transfer": "store.transfer", "max_prefill_tokens": "scheduler.max_prefill_tokens",
     "max_decode_batch": "scheduler.max_decode_batch", "max_context_tokens": "scheduler.max_context_tokens",
     "order": "scheduler.order", "seed": "experiment.seed", "max_sim_s": "experiment.max_sim_s",
-    "timeline_every": "experiment.timeline_every", "abort_probability": "workload.abort_probability",
-    "abort_after_s": "workload.abort_after_s",
+    "timeline_every": "experiment.timeline_every", "timeline_max_rows": "experiment.timeline_max_rows",
+    "abort_probability": "workload.abort_probability", "abort_after_s": "workload.abort_after_s",
 }
 _RENAMES = {**{f"world.{k}": v for k, v in _WORLD_KEYS.items()},
             "cluster.mixed": "experiment.mixed", "cluster.prefill": "experiment.prefill",
             "cluster.decode": "experiment.decode", "cluster.policy": "experiment.policy",
             "arrival.rate": "workload.qps", "arrival.process": "workload.arrival", "arrival.cv": "workload.cv",
-            "workload.num_sessions": "workload.num_requests", "model": "model.name", "hardware": "hardware.name"}
+            "cluster.metaserver_rpc_s": "experiment.metaserver_rpc_s",
+            "workload.num_sessions": "workload.num_requests", "model": "model.name", "hardware": "hardware.name",
+            # the objects WorldConfig makes to check its fields name them in their own terms
+            "order.policy": "scheduler.order", "abort.probability": "workload.abort_probability",
+            "abort.after_s": "workload.abort_after_s", "monitor.check_pool_every": "experiment.monitor_pool_every"}
 
 
 @dataclass
@@ -103,7 +111,9 @@ def make_faults(cfg: Any, instances: list[str]) -> list[PlacedFault]:
             raise _renamed(err, prefix) from None
         require(f.target == "all" or f.target in instances, f"{prefix}.target", f.target,
                 f"all or one of {', '.join(instances)}")
-        require(f.port not in ("registration", "metaserver") or cfg.experiment.prefill > 0, f"{prefix}.port",
+        require(f.target == "all" or f.port not in METASERVER_PORTS, f"{prefix}.target", f.target,
+                f"all for port {f.port}: the MetaServer is shared, its faults hit every instance")
+        require(f.port not in METASERVER_PORTS or cfg.experiment.prefill > 0, f"{prefix}.port",
                 f.port, "a tier port (query, load, save, flush) or step: without P/D there is no MetaServer")
         out.append(PlacedFault(spec, f.target))
     return out

@@ -23,6 +23,13 @@ from openinfer.kv.hashing import BASE_SALT, BlockHash
 MAX_BLOCK_SIZE = 1024
 
 
+def check_block_size(block_size: int, field: str = "block_size") -> None:
+    """The pool's rule (a page must split evenly into warps and tiles), callable before a
+    pool exists so a config can be checked at start-up."""
+    require(isinstance(block_size, int) and is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
+            field, block_size, f"a power of two <= {MAX_BLOCK_SIZE}")
+
+
 @dataclass
 class PoolCounters:
     """Lifetime counters of a pool; monitors and reports read them."""
@@ -39,8 +46,7 @@ class BlockPool:
     the padding page, and (optionally) the entitlement floor of admitted requests."""
 
     def __init__(self, block_size: int, num_blocks: int, *, entitlement: bool = False) -> None:
-        require(is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
-                "block_size", block_size, f"a power of two <= {MAX_BLOCK_SIZE}")
+        check_block_size(block_size)
         require(isinstance(num_blocks, int) and num_blocks >= 2, "num_blocks", num_blocks,
                 "an int >= 2 (one page is the permanent padding page)")
         self.block_size = block_size

@@ -15,6 +15,8 @@ from typing import Protocol
 
 from openinfer.errors import require
 
+ORDER_POLICIES = ("fifo", "random", "pct")
+
 _LOW_BITS = 24
 _LOW_MASK = (1 << _LOW_BITS) - 1
 
@@ -83,6 +85,10 @@ class OrderSpec:
     policy: str = "fifo"
     depth: int = 3
 
+    def __post_init__(self) -> None:
+        require(self.policy in ORDER_POLICIES, "order.policy", self.policy, f"one of {', '.join(ORDER_POLICIES)}")
+        require(isinstance(self.depth, int) and self.depth >= 1, "order.depth", self.depth, "an int >= 1")
+
     def build(self, seed: int) -> EventOrder:
         if self.policy == "fifo":
             return FifoOrder()
@@ -90,4 +96,4 @@ class OrderSpec:
             return RandomOrder(seed)
         if self.policy == "pct":
             return PriorityOrder(seed, depth=self.depth)
-        raise require(False, "order.policy", self.policy, "one of fifo, random, pct")  # type: ignore[func-returns-value]
+        raise AssertionError(self.policy)  # unreachable: __post_init__ checked it

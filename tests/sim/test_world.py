@@ -80,6 +80,31 @@ def test_world_config_errors_name_the_field() -> None:
         build_world(WorldConfig(variant="pr900"))
 
 
+@pytest.mark.parametrize("field, value, named", [
+    ("block_size", 0, "world.block_size"), ("order", "lifo", "order.policy"),
+    ("max_decode_batch", 0, "scheduler.max_decode_batch"), ("abort_probability", 1.5, "abort.probability"),
+    ("monitor_pool_every", 0, "monitor.check_pool_every"), ("timeline_max_rows", 1, "world.timeline_max_rows"),
+    ("output_mode", "eof", "world.output_mode"),
+])
+def test_every_field_a_run_would_refuse_is_refused_when_the_config_is_made(field, value, named) -> None:
+    """A config that passes must not fail later, inside build_world or the run: each rule
+    that the pool, runtime order, scheduler, client or monitor applies is applied here."""
+    with pytest.raises(ConfigError, match=named):
+        WorldConfig(**{field: value})
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["host_gib=-1"], "host_gib="), (["abort_prob=5"], "abort_prob="), (["block_size=0"], "block_size="),
+    (["workload=random", "turns=7"], "turns="), (["workload=chat", "prefix_len=5"], "prefix_len="),
+    (["workload=mooncake", "trace=t.jsonl", "qps=3"], "qps="),
+])
+def test_simulate_names_its_own_keys_and_refuses_keys_its_workload_never_reads(argv, named) -> None:
+    from experiments.cli import parse_overrides
+    with pytest.raises(ConfigError) as err:
+        parse_overrides(SimulateConfig, argv)
+    assert str(err.value).startswith(named), str(err.value)
+
+
 def test_a_held_host_replays_exactly_and_delays_first_tokens() -> None:
     """world.host=held: each step holds the engine's host thread (the real CUDA executor's
     behaviour), so work that falls due mid-step waits for the step's end; still exact."""
