@@ -2,10 +2,11 @@
 
 Hydra reports a misspelt key or a wrong type as a composition stack trace, and only the
 simulator's dataclasses know the ranges. Here every combination a ``-m`` grid would run
-is composed with Hydra's own compose API and built (``experiments.config.build``); the
-first problem becomes ``error: KEY=VALUE is invalid: expected ...`` and exit code 2. An
-Optuna search space (``interval(...)``) is left to the sweeper: each trial still checks
-its config when it builds.
+(past ``MAX_COMBOS``, every value of every axis once) is composed with Hydra's own compose
+API and built (``experiments.config.build``); the first problem becomes ``error: KEY=VALUE
+is invalid: expected ...`` and exit code 2, as does a workload key the run's kind never
+reads. An Optuna search space (``interval(...)``) is left to the sweeper: each trial still
+checks its config when it builds.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments.config.build import build
+from experiments.config.build import KIND_ONLY_KEYS, build
 from experiments.config.schema import GROUPS, register
 from openinfer.errors import ConfigError
 
@@ -55,7 +56,7 @@ def combinations(overrides: list[str]) -> list[list[str]]:
         if key.startswith("hydra") and not key.startswith(("hydra/launcher", "hydra/sweeper")):
             continue
         if o.is_sweep_override():
-            if o.is_interval_sweep() or o.is_range_sweep() and False:
+            if o.is_interval_sweep():
                 continue
             try:
                 values = [f"{key}={v}" for v in o.sweep_string_iterator()]
@@ -64,8 +65,25 @@ def combinations(overrides: list[str]) -> list[list[str]]:
             axes.append(values)
         else:
             axes.append([o.input_line])
-    combos = [list(c) for c in itertools.product(*axes)] if axes else [[]]
-    return combos[:MAX_COMBOS]
+    if not axes:
+        return [[]]
+    combos = [list(c) for c in itertools.islice(itertools.product(*axes), MAX_COMBOS)]
+    # Past the first MAX_COMBOS, still try every value of every axis once (the others at
+    # their first value): a bad value late in a long axis must not wait for its job.
+    longest = max(len(a) for a in axes)
+    cover = [[a[min(i, len(a) - 1)] for a in axes] for i in range(longest)]
+    return combos + [c for c in cover if c not in combos]
+
+
+def unread_workload_key(overrides: list[str], kind: str) -> str | None:
+    """A workload key the user set that ``kind`` never reads (it would be dropped)."""
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        for other, keys in KIND_ONLY_KEYS.items():
+            if other != kind and key in {f"workload.{k}" for k in keys}:
+                return (f"{key} is only read by workload.kind={other}, and this run is "
+                        f"workload.kind={kind}: drop it or set workload.kind={other}")
+    return None
 
 
 def _allowed_keys(full_key: str) -> str:
@@ -127,6 +145,9 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
                     build(cfg)
                 except (HydraException, OmegaConfBaseException, ConfigError) as err:
                     return explain(err, config_name)
+                unread = unread_workload_key(combo, cfg.workload.kind)
+                if unread is not None:
+                    return unread
     finally:
         GlobalHydra.instance().clear()
     return None

@@ -95,7 +95,7 @@ class FaultConf:
     probability: float = default(FaultSpec, "probability")
     delay_s: float = default(FaultSpec, "delay_s")
     match: str = default(FaultSpec, "match")
-    target: str = "all"  # an instance (prefill0, decode0) or all; MetaServer ports ignore it
+    target: str = "all"  # an instance (prefill0, decode0) or all (the only choice for MetaServer ports)
 
 
 @dataclass
@@ -107,11 +107,11 @@ class FaultsConf:
 @dataclass
 class BackendConf:
     """Where the scheduler runs. Only the SimPy world here (the GPU path is experiments.validate);
-    ``step_model`` picks the roofline or a fitted model (``calibration`` = its JSON)."""
+    ``step_model``: only the roofline so far (a fitted model runs through experiments.simulate's
+    ``calibration=`` or ``profile=``)."""
 
     kind: str = "sim"
     step_model: str = "roofline"
-    calibration: Optional[str] = None
 
 
 @dataclass

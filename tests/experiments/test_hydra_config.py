@@ -21,6 +21,25 @@ from openinfer.errors import ConfigError
     (["faults.schedule.0.port=xx"], "faults.schedule[0].port", "metaserver"),
     (["experiment.objective=nope"], "experiment.objective", "p99_ttft_ms"),
     (["-m", "workload.qps=1,2,-3"], "workload.qps", "> 0"),
+    # ranges owned by the objects a world is built from, checked before any job starts
+    (["store.block_size=24"], "store.block_size", "power of two"),
+    (["scheduler.order=bogus"], "scheduler.order", "pct"),
+    (["scheduler.max_decode_batch=0"], "scheduler.max_decode_batch", "[1, 256]"),
+    (["scheduler.max_context_tokens=0"], "scheduler.max_context_tokens", ">= 2"),
+    (["workload.abort_probability=2"], "workload.abort_probability", "[0, 1]"),
+    (["workload.abort_after_s=-3"], "workload.abort_after_s", ">= 0"),
+    (["experiment.metaserver_rpc_s=-1"], "experiment.metaserver_rpc_s", ">= 0"),
+    (["experiment.monitor_pool_every=0"], "experiment.monitor_pool_every", ">= 1"),
+    (["experiment.timeline_max_rows=0"], "experiment.timeline_max_rows", ">= 2"),
+    # asked for but never used: refused rather than dropped
+    (["experiment.mixed=2"], "experiment.mixed", "P/D"),
+    (["faults.schedule=[{port:metaserver,kind:stall,target:decode0}]"], "faults.schedule[0].target",
+     "shared"),
+    (["workload=random", "workload.turns=9"], "workload.turns", "workload.kind=chat"),
+    (["workload.prefix_len=64"], "workload.prefix_len", "workload.kind=random"),
+    (["backend.calibration=x.json"], "backend.calibration", "step_model"),
+    # a bad value past the first MAX_COMBOS jobs of a grid
+    (["-m", "workload.arrival=poisson,bogus", "experiment.seed=range(0,64)"], "workload.arrival", "gamma"),
 ])
 def test_bad_override_names_the_key_and_the_accepted_values(argv, key, hint) -> None:
     msg = check(argv)
