@@ -28,7 +28,11 @@ def parse_overrides(cls: type[T], argv: list[str]) -> T:
         if key not in fields:
             raise ConfigError(key, raw, f"one of the keys {', '.join(sorted(fields))}")
         values[key] = _coerce(key, raw, hints[key])
-    return cls(**values)
+    cfg = cls(**values)
+    check_read = getattr(cfg, "check_keys_read", None)
+    if check_read is not None:   # keys the config's own choices leave unread: refuse, not drop
+        check_read(set(values))
+    return cfg
 
 
 def _coerce(key: str, raw: str, typ: Any) -> Any:

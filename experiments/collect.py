@@ -54,8 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     dirs = [a for a in args if "=" not in a]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
-    if len(dirs) != 1 or set(opts) - {"out"} or not Path(dirs[0]).is_dir():
+    if len(dirs) != 1 or set(opts) - {"out"}:
         print("error: usage: python -m experiments.collect MULTIRUN_DIR [out=table.csv]", file=sys.stderr)
+        raise SystemExit(2)
+    if not Path(dirs[0]).is_dir():
+        print(f"error: {dirs[0]} is not a folder: give a Hydra multirun folder "
+              f"(multirun/<date>_<time>, or the hydra.sweep.dir a sweep was given)", file=sys.stderr)
         raise SystemExit(2)
     rows = collect(Path(dirs[0]))
     if not rows:

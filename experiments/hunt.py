@@ -41,6 +41,8 @@ class HuntConfig:
         parse_variant(self.variant)  # a clear error for a bad variant name, before any run
         require(self.budget_s > 0, "budget_s", self.budget_s, "a number of seconds > 0")
         require(self.max_runs >= 0, "max_runs", self.max_runs, "an int >= 0 (0 = no limit)")
+        require(self.shrink_attempts >= 0, "shrink_attempts", self.shrink_attempts,
+                "an int >= 0 (0 = report each finding unshrunk)")
         unknown = [i for i in self.wanted() if i not in INVARIANTS]
         require(not unknown, "until_found", self.until_found, f"invariants among {', '.join(INVARIANTS)}")
 

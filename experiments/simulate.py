@@ -34,6 +34,18 @@ from sim.workloads import ChatWorkload, RandomWorkload, TraceWorkload, Workload
 from sim.world import WorldConfig, build_world, run_world
 
 WORKLOADS = ("chat", "random", "mooncake")
+# keys that only some workloads read (make_workload); a mooncake trace file brings its own
+# arrival times, so qps is read only by the synthetic trace
+READ_BY = {"input_len": ("random",), "range_ratio": ("random",), "prefix_len": ("random",),
+           "output_len": ("random", "chat"), "arrival": ("random", "chat"), "cv": ("random", "chat"),
+           "turns": ("chat",), "system_prompt_len": ("chat",), "user_len": ("chat",),
+           "think_time_s": ("chat",), "trace": ("mooncake",), "speedup": ("mooncake",)}
+# WorldConfig's names (and those of the objects it checks with) -> this command's keys
+_WORLD_NAMES = {"world.block_size": "block_size", "world.num_blocks": "num_blocks",
+                "world.host_tier_gib": "host_gib", "world.host": "host", "order.policy": "order",
+                "scheduler.max_prefill_tokens": "max_prefill_tokens",
+                "scheduler.max_decode_batch": "max_decode_batch", "abort.probability": "abort_prob",
+                "abort.after_s": "abort_after_s", "world.output_mode": "output_mode"}
 
 
 @dataclass
@@ -86,6 +98,26 @@ class SimulateConfig:
         require(self.turns >= 1, "turns", self.turns, "an int >= 1")
         require(not (self.profile and self.calibration), "calibration", self.calibration,
                 "unset when profile= is given (the profile carries its own step model)")
+        try:
+            self.world_config()
+        except ConfigError as err:
+            raise ConfigError(_WORLD_NAMES.get(err.field, err.field), err.value, err.accepted) from None
+
+    def world_config(self) -> WorldConfig:
+        return WorldConfig(variant=self.variant, model=self.model, hardware=self.hardware,
+                           block_size=self.block_size, num_blocks=self.num_blocks, host_tier_gib=self.host_gib,
+                           prefix_cache=self.prefix_cache, max_prefill_tokens=self.max_prefill_tokens,
+                           max_decode_batch=self.max_decode_batch, seed=self.seed, order=self.order,
+                           output_mode=self.output_mode, abort_probability=self.abort_prob,
+                           abort_after_s=self.abort_after_s, host=self.host)
+
+    def check_keys_read(self, given: set[str]) -> None:
+        for key in sorted(given):
+            readers = READ_BY.get(key, WORKLOADS)
+            require(self.workload in readers, key, getattr(self, key),
+                    f"unset: only workload={' or '.join(readers)} reads it (this run is workload={self.workload})")
+        require(not ("qps" in given and self.workload == "mooncake" and self.trace is not None), "qps",
+                self.qps, "unset with trace= (the trace's own arrival times are replayed; speedup= scales them)")
 
 
 def make_workload(cfg: SimulateConfig) -> Workload:
@@ -118,11 +150,7 @@ def load_calibration(path: str) -> StepModel:
 
 
 def simulate(cfg: SimulateConfig) -> dict[str, Any]:
-    world_cfg = WorldConfig(variant=cfg.variant, model=cfg.model, hardware=cfg.hardware, block_size=cfg.block_size,
-                            num_blocks=cfg.num_blocks, host_tier_gib=cfg.host_gib, prefix_cache=cfg.prefix_cache,
-                            max_prefill_tokens=cfg.max_prefill_tokens, max_decode_batch=cfg.max_decode_batch,
-                            seed=cfg.seed, order=cfg.order, output_mode=cfg.output_mode,
-                            abort_probability=cfg.abort_prob, abort_after_s=cfg.abort_after_s, host=cfg.host)
+    world_cfg = cfg.world_config()
     if cfg.profile:
         profile = FittedProfile.load(cfg.profile)
         profile.check_model(cfg.model)
