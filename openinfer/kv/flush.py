@@ -41,8 +41,9 @@ class FlushBarriers:
         self.rt = rt
         self.config = config
         self.stats = stats
-        self._last: dict[int, Event] = {}
-        self._covered: dict[int, list[SaveRecord]] = {}
+        # keyed by the tier itself (it lives as long as the store): an id() could be reused
+        self._last: dict[Tier, Event] = {}
+        self._covered: dict[Tier, list[SaveRecord]] = {}
         self.observers: list[Callable[[str, dict[str, Any]], None]] = []
         self.open_barriers = 0
 
@@ -57,11 +58,11 @@ class FlushBarriers:
         prev = None
         done = self.rt.event()
         if self.config.chain_flushes:
-            prev = self._last.get(id(tier))
-            self._last[id(tier)] = done
+            prev = self._last.get(tier)
+            self._last[tier] = done
             # A save a predecessor drained is this barrier's to vouch for too, until it lands.
-            covered += [r for r in self._covered.get(id(tier), []) if r.registered_at is None]
-            self._covered[id(tier)] = covered
+            covered += [r for r in self._covered.get(tier, []) if r.registered_at is None]
+            self._covered[tier] = covered
         self.open_barriers += 1
         return self.rt.spawn(self._barrier(flush, prev, done, started, then, covered))
 
@@ -92,7 +93,7 @@ class FlushBarriers:
                                    started_at=started, finished_at=rt.now())
         self.open_barriers -= 1
         for obs in self.observers:
-            obs("barrier_done", dict(outcome=outcome, tier=id(flush)))
+            obs("barrier_done", dict(outcome=outcome))
         done.succeed(outcome)
         if then is not None:
             then(outcome)

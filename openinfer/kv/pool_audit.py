@@ -73,10 +73,10 @@ class PoolAudit:
             if h is not None and not own:
                 add_hash(h)
         self._n_active = n_active
-        for h in hashes:
-            q = primary_of(h)
-            if q is not None and (page_hash[q] != h or (refs[q] == 0 and q not in inactive)):
-                problem = f"pool: radix entry for page {q} is stale"
+        stale = [q for h in hashes if (q := primary_of(h)) is not None
+                 and (page_hash[q] != h or (refs[q] == 0 and q not in inactive))]
+        if stale:   # the lowest page, not whichever the set's hash order visits last
+            problem = f"pool: radix entry for page {min(stale)} is stale"
         if problem is None and len(pool._reset) + len(inactive) + n_active != pool.num_blocks:
             problem = "pool: reset + inactive + active != total"
         if problem is None and pool.entitlement_enabled and pool.entitled < 0:
