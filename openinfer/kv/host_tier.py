@@ -4,7 +4,8 @@ Capacity is in pages (host slots). A save becomes visible to queries only after 
 copy has landed; until then it is a pending save that ``flush`` waits for. A query hit
 returns a lease that pins the blocks until they are loaded, released, or the lease's TTL
 runs out (a lease nobody releases pins host memory until then — that is the late-lease
-leak the guarded query in the store exists to close). Unpinned blocks are evicted LRU.
+leak the guarded query in the store exists to close); a TTL that runs out while the lease's
+own copy reads its slots waits for the copy. Unpinned blocks are evicted LRU.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class HostTier:
             queries=0, hits=0, hit_blocks=0, misses=0, inserts=0, evictions=0,
             saves=0, saves_failed=0, loads=0, loads_failed=0, leases_expired=0)
         self.active_loads: set[int] = set()  # ids of H2D copies still writing GPU pages
+        self._copying: set[int] = set()       # leases whose slots an H2D is reading now
 
     # -- contents ---------------------------------------------------------------------
     def resident_prefix(self, hashes: list[BlockHash]) -> int:
@@ -146,8 +148,14 @@ class HostTier:
         err = None
         if self.ports.active("load"):
             err = yield from self.ports.through("load", str(lease.lease_id))
+        if err is None and lease.state != "open":
+            # Expired while the load waited at its port: the pins are gone and the slots may
+            # already hold other blocks, so copying them would restore the wrong KV.
+            err = f"lease {lease.state} before its copy started"
         if err is None:
+            self._copying.add(lease.lease_id)
             yield self.transfer.h2d(lease.slots, dst_pages)
+            self._copying.discard(lease.lease_id)
         self.active_loads.discard(load_id)
         if lease.state == "open":
             self._end_lease(lease, "loaded")  # consumed on success and on failure
@@ -175,7 +183,10 @@ class HostTier:
         while self._expiry and self._expiry[0][0] <= now:
             _, lease_id = heapq.heappop(self._expiry)
             lease = self._leases.get(lease_id)
-            if lease is not None:
+            # A lease whose copy is reading its slots is not leaked: the load ends it when
+            # the copy lands (bounded), and expiring it now would let eviction hand those
+            # slots to a save while the copy still reads them.
+            if lease is not None and lease_id not in self._copying:
                 self._end_lease(lease, "expired")
                 self.counters["leases_expired"] += 1
 
