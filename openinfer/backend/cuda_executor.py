@@ -28,6 +28,7 @@ Why it is shaped like this:
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,10 +137,20 @@ class CudaExecutor:
         self.steps = 0
         self.timings: list[StepTiming] = []
 
+    def _on_device(self) -> AbstractContextManager[Any]:
+        """The model's GPU as the current device: events record, Triton launches and
+        graphs capture on the current device's stream, so on ``cuda:1`` without this they
+        would go to device 0 (an end event that fires at once, a readback read early)."""
+        return torch.cuda.device(self.device) if self.on_cuda else nullcontext()
+
     # -- set-up ------------------------------------------------------------------------
     def capture_graphs(self) -> None:
         """Capture the decode buckets (slow: compile + warm-up per bucket), once; and the
         prefill buckets when asked for (``prefill_graphs``)."""
+        with self._on_device():
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
         if self._want_graphs and self.graphs is None:
             from openinfer.models.qwen3.cuda_graphs import DecodeGraphs
             buckets = self.graph_buckets or list(GRAPH_BUCKETS)
@@ -158,6 +169,10 @@ class CudaExecutor:
         rather than during a step. Call before the pool hands out pages: it writes only
         pages other than the padding page and zeroes them afterwards. Returns the number of
         steps run (a step that needs more pages than the arena has is left out)."""
+        with self._on_device():
+            return self._warm_up(steps)
+
+    def _warm_up(self, steps: Sequence[tuple[tuple[int, int], ...]]) -> int:
         from openinfer.backend.readback import to_host  # Triton: imported when first needed
         bs = self.block_size
         free = [p for p in range(self.arena.num_pages) if p != self.padding_page]
@@ -246,7 +261,8 @@ class CudaExecutor:
         if self.transfer is not None:  # an invariant, not a step error: raise loudly
             self.transfer.check_step(rows.read_pages, rows.write_pages)
         try:
-            launched = self._launch(plan, rows, timing)
+            with self._on_device():
+                launched = self._launch(plan, rows, timing)
         except Exception as err:  # noqa: BLE001 - a failed step is reported, the engine reacts
             timing.error = f"{type(err).__name__}: {err}"
             timing.wall_s = self.rt.now() - started
