@@ -168,7 +168,7 @@ class GraphInputs:
         self.ids32.copy_(pinned(flat.ids32, torch.int32), non_blocking=True)
 
 
-def upload(values: list[int], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+def upload(values: Sequence[float], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """A host list as a device tensor without stalling the host: on CUDA through pinned
     memory and a non-blocking copy (a plain ``torch.tensor(..., device="cuda")`` waits for
     every kernel already queued on the stream, so a step would hold the host thread for its
@@ -178,7 +178,7 @@ def upload(values: list[int], dtype: torch.dtype, device: str | torch.device) ->
     return pinned(values, dtype).to(device, non_blocking=True)
 
 
-def pinned(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+def pinned(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
     """A pinned host tensor: a non-blocking copy from it does not wait for the stream, and
     the caching host allocator keeps it alive until that copy is done."""
     return torch.tensor(values, dtype=dtype).pin_memory()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from openinfer.errors import require
+from openinfer.models.qwen3.batch import upload
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,11 @@ class SamplingTensors:
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams],
                     device: str | torch.device = "cpu") -> SamplingTensors:
-        return cls(torch.tensor([p.temperature for p in params], dtype=torch.float32,
-                                device=device),
-                   torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-                   torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device))
+        # through pinned memory: torch.tensor(..., device="cuda") would wait for the whole
+        # forward queued on the stream before the step could even launch its sampling
+        return cls(upload([p.temperature for p in params], torch.float32, device),
+                   upload([p.top_k for p in params], torch.int64, device),
+                   upload([p.top_p for p in params], torch.float32, device))
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
