@@ -65,6 +65,11 @@ def comparison(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
     lines.append("  all gpu/host/peer: share of every instance's prompt tokens (the prefill copy included) found in")
     lines.append("    its GPU radix / its CPU tier / a peer")
     for r in rows:
+        for status, count, first in (("rejected", r["rejected"], r["first_rejected"]),
+                                     ("error", r["errors"], r["first_error"])):
+            if count:   # e.g. prompts that no pool or context limit can hold
+                lines.append(f"  {r['variant']}: {count} of {r['sent']} requests {status}, the first: "
+                             f"{first or '(no message)'}")
         if r["finding"]:
             lines.append(f"  {r['variant']}: {r['finding']} stopped the run after {r['finished']} finished; "
                          f"replay: {r['replay']}")

@@ -67,6 +67,9 @@ def summary(name: str, report: dict[str, Any], wall_s: float, overrides: list[st
     peaks = [i["timeline"] for i in report["instances"].values()]
     row: dict[str, Any] = dict(
         variant=name, sent=report["sent"], finished=report["outcomes"]["finished"],
+        rejected=report["outcomes"]["rejected"], errors=report["outcomes"]["error"],
+        first_rejected=report["first_unfinished"].get("rejected", ""),
+        first_error=report["first_unfinished"].get("error", ""),
         finding=v["invariant"] if v else ("hang_guard" if report["sim"]["timed_out"] else ""),
         finding_time_s=round(v["time_s"], 6) if v else None, finding_instance=v["instance"] if v else None,
         timed_out=report["sim"]["timed_out"], sim_end_s=report["sim"]["end_s"],

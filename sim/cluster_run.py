@@ -24,7 +24,7 @@ from sim.gc_tuning import relaxed_gc
 from sim.client import AbortSpec, Client
 from sim.cluster import Cluster
 from sim.faults import FaultHook, FaultSpec, last_heal
-from sim.metrics import cache_summary, status_counts, summarize
+from sim.metrics import cache_summary, first_messages, status_counts, summarize
 from sim.monitors import InvariantViolation, Monitor, MonitorConfig, Timeline, engines_drained, timeline_tail
 from sim.workloads import Workload
 
@@ -159,6 +159,7 @@ def cluster_report(cluster: Cluster, workload: Workload, client: Client, hooks: 
         "workload": workload.describe(),
         "metrics": summarize(records, client.itl, client.last_end_s),
         "outcomes": status_counts(records),
+        "first_unfinished": first_messages(records),
         "sent": client.sent,
         "cache": cache_summary(records).as_dict(),
         "samples": dict(ttft_s=[round(r.ttft, 6) for r in records if r.status == "finished" and r.ttft is not None],

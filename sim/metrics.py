@@ -35,6 +35,7 @@ class RequestRecord:
     output_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    message: str | None = None       # why it was rejected or failed, as the engine said
     session: int | None = None
     turn: int = 0
 
@@ -88,6 +89,7 @@ def request_record(req_id: int, submitted_at: float, prompt_len: int, events: It
             else "rejected"
         rec.ended_at = terminal.time
         rec.finish_reason = terminal.reason._value_ if terminal.reason is not None else None
+        rec.message = terminal.message
     else:
         rec.status = "aborted"
         rec.ended_at = aborted_at
@@ -162,3 +164,13 @@ def status_counts(records: Iterable[RequestRecord]) -> dict[str, int]:
     for r in records:
         counts[r.status] += 1
     return counts
+
+
+def first_messages(records: Iterable[RequestRecord]) -> dict[str, str]:
+    """The engine's message for the first rejected and the first failed request: a run
+    whose requests were all turned away says why without a trace of its events."""
+    out: dict[str, str] = {}
+    for r in records:
+        if r.status in ("rejected", "error") and r.status not in out and r.message:
+            out[r.status] = r.message
+    return out

@@ -27,7 +27,7 @@ from sim.gpu_executor import SimExecutor
 from sim.host_thread import HostClockRuntime, HostHeldExecutor
 from sim.gc_tuning import relaxed_gc
 from sim.hardware import GiB, HardwareSpec, preset as hardware_preset
-from sim.metrics import cache_summary, status_counts, summarize
+from sim.metrics import cache_summary, first_messages, status_counts, summarize
 from sim.model_geometry import ModelGeometry, preset as model_preset
 from sim.monitors import InvariantViolation, Monitor, MonitorConfig, engines_drained, timeline_tail
 from sim.step_model import RooflineStepModel, StepModel
@@ -235,6 +235,7 @@ def report(w: World, workload: Workload, client: Client, *, timed_out: bool) -> 
         "workload": workload.describe(),
         "metrics": summarize(records, client.itl, duration),
         "outcomes": status_counts(records),
+        "first_unfinished": first_messages(records),
         "sent": client.sent,
         "cache": cache_summary(records).as_dict(),
         "store": w.store.stats.as_dict(),
