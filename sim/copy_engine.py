@@ -21,6 +21,7 @@ from simpy.events import Event
 
 from openinfer.errors import require
 from openinfer.runtime import Runtime
+from sim.copy_ledger import CopyLedger
 
 GiB = 1024 ** 3
 
@@ -87,12 +88,19 @@ class ModeledTransfer:
         self.connect_s = connect_s
         self._connected: set[str] = set()
         self.after_compute: Callable[[], float] | None = None   # see the module docstring
+        self.ledger: CopyLedger | None = None   # set: copies must not overlap (sim/copy_ledger.py)
 
     def d2h(self, pages: list[int], slots: list[int]) -> Event:
-        return self.d2h_link.copy(len(pages) * self.page_bytes, self._not_before())
+        lands = self.d2h_link.copy(len(pages) * self.page_bytes, self._not_before())
+        if self.ledger is not None:
+            self.ledger.submit("D2H save", "page", pages, "slot", slots, lands)
+        return lands
 
     def h2d(self, slots: list[int], pages: list[int]) -> Event:
-        return self.h2d_link.copy(len(pages) * self.page_bytes, self._not_before())
+        lands = self.h2d_link.copy(len(pages) * self.page_bytes, self._not_before())
+        if self.ledger is not None:
+            self.ledger.submit("H2D load", "slot", slots, "page", pages, lands)
+        return lands
 
     def _not_before(self) -> float:
         """The earliest start of a D2H/H2D submitted now: the end of the step in flight
@@ -102,9 +110,11 @@ class ModeledTransfer:
 
     def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
         nbytes = len(src_slots) * self.page_bytes
-        if peer in self._connected:
-            return self.peer_link.copy(nbytes)
-        return self.rt.spawn(self._first_read(peer, nbytes))
+        lands = self.peer_link.copy(nbytes) if peer in self._connected \
+            else self.rt.spawn(self._first_read(peer, nbytes))
+        if self.ledger is not None:
+            self.ledger.submit("peer read", "slot", [], "slot", dst_slots, lands)
+        return lands
 
     def _first_read(self, peer: str, nbytes: int) -> Generator[Event, Any, None]:
         yield self.rt.sleep(self.connect_s)  # first contact pays the connection set-up

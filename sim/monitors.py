@@ -10,7 +10,8 @@ Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
 ``control_linearizability``, ``single_charge_admission``, ``load_snapshot_counts_resolves``,
 ``resolve_observes_cancel``. Liveness (only once every fault has healed):
 ``admission_liveness``, ``bounded_terminal_event``, ``progress_at_one_instant`` (any time). End of run: ``quiescence``,
-``no_lease_leak``, ``teardown_drains_loads``.
+``no_lease_leak``, ``teardown_drains_loads``. At the copy engines (``sim/copy_ledger.py``, on
+every submitted copy): ``copy_exclusive``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ INVARIANTS = (
     "kv_ready_after_registration", "barrier_covers_prior_saves", "control_linearizability", "single_charge_admission",
     "load_snapshot_counts_resolves", "resolve_observes_cancel", "admission_liveness",
     "bounded_terminal_event", "progress_at_one_instant", "quiescence", "no_lease_leak", "teardown_drains_loads",
+    "copy_exclusive",
 )
 
 

@@ -22,6 +22,7 @@ from openinfer.scheduler import Engine, Role, SchedulerConfig, SchedulerSwitches
 from openinfer.variants import variant as get_variant
 from sim.client import OUTPUT_MODES, AbortSpec, Client
 from sim.copy_engine import LinkSpec, ModeledTransfer
+from sim.copy_ledger import CopyLedger
 from sim.copy_queue import QueuedTransfer
 from sim.gpu_executor import SimExecutor
 from sim.host_thread import HostClockRuntime, HostHeldExecutor
@@ -159,6 +160,8 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
         d2h=LinkSpec(hw.d2h_gib_s, hw.copy_latency_s, hw.copy_engines),
         h2d=LinkSpec(hw.h2d_gib_s, hw.copy_latency_s, hw.copy_engines),
         peer=LinkSpec(hw.peer_gib_s, hw.peer_latency_s), connect_s=hw.peer_connect_s)
+    if cfg.monitors:
+        transfer.ledger = CopyLedger(rt, name)
     host_pages = int(cfg.host_tier_gib * GiB // page_bytes)
     host: HostTier | None = None
     if peer is not None:

@@ -20,6 +20,7 @@ from openinfer.scheduler import (ControlCommand, Engine, GenerateRequest, Reques
                                  SchedulerConfig)
 from openinfer.variants import variant
 from sim.copy_engine import LinkSpec, ModeledTransfer
+from sim.copy_ledger import CopyLedger
 from sim.faults import FaultHook, last_heal
 from sim.hunt.scenario import Scenario
 from sim.monitors import InvariantViolation, Monitor, MonitorConfig
@@ -65,6 +66,7 @@ def build_world(sc: Scenario) -> _World:
     pool = BlockPool(sc.block_size, sc.num_blocks, entitlement=v.pool_entitlement)
     link = LinkSpec(bandwidth_gib_s=20.0, latency_s=20e-6)
     transfer = ModeledTransfer(rt, PAGE_BYTES, d2h=link, h2d=link, peer=LinkSpec(21.7, 3e-3), connect_s=0.05)
+    transfer.ledger = CopyLedger(rt)
     meta = None
     if sc.peer:
         meta = MetaServer(rt, rpc_latency_s=0.002)

@@ -1,0 +1,81 @@
+"""Which GPU pages and host slots the copies in flight read and write.
+
+The real backend refuses a copy that would write a page another copy still reads or
+writes (``openinfer/backend/cuda_transfer.py``): on a GPU that race corrupts KV silently.
+The simulator moves no bytes, so without this ledger the same race would pass unseen: a
+tier that hands a slot to a new save while a restore still reads it, or a restore that
+writes a page a save is still reading, produces the right timings and the wrong KV.
+
+A new copy may not write a page or slot that a copy in flight reads or writes, nor read
+one that a copy in flight writes; a clash raises :class:`InvariantViolation`
+``copy_exclusive`` from inside the operation that submitted it. A copy is in flight until
+its landing event has triggered (a tier frees what a copy used only in that event's
+callbacks, later still). Nothing is added to the copy's event, so runs with and without
+the ledger process the same events.
+A peer read's source slots are the peer's and are not tracked here.
+"""
+
+from __future__ import annotations
+
+from simpy.events import Event
+
+from openinfer.runtime import Runtime
+from sim.monitors import InvariantViolation
+
+KINDS = ("page", "slot")   # a GPU page, a host slot of this instance's tier
+
+
+class CopyLedger:
+    def __init__(self, rt: Runtime, name: str = "") -> None:
+        self.rt = rt
+        self.name = name
+        # kind -> id -> landing events of the copies that read / write it (pruned as seen)
+        self._readers: dict[str, dict[int, list[Event]]] = {k: {} for k in KINDS}
+        self._writers: dict[str, dict[int, list[Event]]] = {k: {} for k in KINDS}
+
+    def submit(self, what: str, read_kind: str, reads: list[int], write_kind: str, writes: list[int],
+               lands: Event) -> None:
+        """Record a copy submitted now that lands with ``lands``; refuse a clash first.
+        Called for every copy of a run (every sealed block is one), so it stays lean."""
+        readers, writers = self._readers[write_kind], self._writers[write_kind]
+        for i in writes:
+            clash = _live(writers, i) + _live(readers, i)
+            if clash:
+                self._fail(what, write_kind, i, "writes", clash)
+        writing = self._writers[read_kind]
+        for i in reads:
+            clash = _live(writing, i)
+            if clash:
+                self._fail(what, read_kind, i, "reads", clash)
+        _add(self._readers[read_kind], reads, lands)
+        _add(writers, writes, lands)
+
+    def _fail(self, what: str, kind: str, index: int, verb: str, clash: int) -> None:
+        where = f" on {self.name}" if self.name else ""
+        raise InvariantViolation(
+            "copy_exclusive", self.rt.now(),
+            f"a {what} {verb} {kind} {index}{where} while {clash} copy(ies) in flight "
+            f"{'read or write' if verb == 'writes' else 'write'} it")
+
+
+def _live(table: dict[int, list[Event]], i: int) -> int:
+    """How many copies in flight use ``i``."""
+    events = table.get(i)
+    if not events:
+        return 0
+    live = [e for e in events if not e.triggered]
+    if live:
+        table[i] = live
+    else:
+        del table[i]
+    return len(live)
+
+
+def _add(table: dict[int, list[Event]], ids: list[int], lands: Event) -> None:
+    for i in ids:
+        events = table.get(i)
+        if events is None:
+            table[i] = [lands]
+        else:   # drop the landed ones here too: a page saved a thousand times keeps one
+            events[:] = [e for e in events if not e.triggered]
+            events.append(lands)
