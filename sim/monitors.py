@@ -79,12 +79,6 @@ def timeline_tail(maxlen: int = TIMELINE_TAIL) -> Timeline:
     return deque(maxlen=maxlen)
 
 
-def _failed(rec: Any) -> bool:
-    """A save that ended in a reported failure (copy error, dropped or failed registration):
-    no barrier can make it visible; the request that sealed it answers for it."""
-    return (rec.done.triggered and not rec.done.value.ok) or rec.registration_error is not None
-
-
 class InvariantViolation(Exception):
     def __init__(self, name: str, time: float, detail: str) -> None:
         super().__init__(name, time, detail)  # SimPy re-raises a failed process's exception from its args
@@ -406,7 +400,7 @@ class Monitor:
 
     def _prune_saves(self) -> None:
         """Keep only the saves a later barrier could still wrongly vouch for."""
-        self._saves = [r for r in self._saves if r.registered_at is None and not _failed(r)]
+        self._saves = [r for r in self._saves if r.registered_at is None and not r.failed]
 
     def _check_barrier(self, outcome: Any) -> None:
         """A barrier that says ok vouches for every save submitted before it started."""

@@ -60,8 +60,10 @@ class FlushBarriers:
         if self.config.chain_flushes:
             prev = self._last.get(tier)
             self._last[tier] = done
-            # A save a predecessor drained is this barrier's to vouch for too, until it lands.
-            covered += [r for r in self._covered.get(tier, []) if r.registered_at is None]
+            # A save a predecessor drained is this barrier's to vouch for too, until it lands;
+            # one that failed was the predecessor's to report (carried on, one failure would
+            # fail every later barrier on the tier).
+            covered += [r for r in self._covered.get(tier, []) if r.registered_at is None and not r.failed]
             self._covered[tier] = covered
         self.open_barriers += 1
         return self.rt.spawn(self._barrier(flush, prev, done, started, then, covered))

@@ -119,7 +119,7 @@ class HostTier:
         for h in hashes:
             slots.append(self._slot_of[h])
             self._slot_of.move_to_end(h)
-            self._pins[h] = self._pins.get(h, 0) + 1
+        self._pin(hashes)
         self._next_lease += 1
         ttl = self.lease_ttl_s if ttl_s is None else ttl_s
         lease = Lease(self._next_lease, list(hashes), slots, self.rt.now() + ttl)
@@ -169,12 +169,21 @@ class HostTier:
             return  # a lease that expired first; its pins are already gone
         lease.state = state
         del self._leases[lease.lease_id]
-        for h in lease.hashes:
-            left = self._pins[h] - 1
+        self._unpin(lease.hashes)
+
+    def _pin(self, hashes: list[BlockHash]) -> None:
+        pins = self._pins
+        for h in hashes:
+            pins[h] = pins.get(h, 0) + 1
+
+    def _unpin(self, hashes: list[BlockHash]) -> None:
+        pins = self._pins
+        for h in hashes:
+            left = pins[h] - 1
             if left:
-                self._pins[h] = left
+                pins[h] = left
             else:
-                del self._pins[h]
+                del pins[h]
 
     def _expire_leases(self) -> None:
         if not self._expiry:
@@ -252,7 +261,12 @@ class HostTier:
             new_pages, new_hashes = pages, hashes
         if err is not None or not new_pages:
             return new_pages, new_hashes, [], err
+        # The blocks it found resident count as saved by it: they may not be the LRU
+        # victims that make room for the rest (the save would report them visible, gone).
+        resident = [h for h in hashes if h in slot_of] if new_hashes is not hashes else []
+        self._pin(resident)
         slots = self._take_slots(len(new_pages))
+        self._unpin(resident)
         if slots is None:
             return new_pages, new_hashes, [], "host tier full: every resident block is pinned"
         return new_pages, new_hashes, slots, None

@@ -137,6 +137,13 @@ class PeerTier(HostTier):
             self.counters["remote_failures"] += 1
             return 0
         yield self.transfer.peer_read(peer.name, lock.slots, dst)
+        if lock.state != "open":
+            # The owner's lock ran out during the read (the owner cannot see a one-sided
+            # read): it may have evicted those blocks and landed others in their slots, so
+            # what arrived is not known to be them. Drop it rather than serve it.
+            self._free_slots.extend(dst)
+            self.counters["remote_failures"] += 1
+            return 0
         peer.release(lock)
         self.insert_fetched(lock.hashes, dst)
         self.counters["remote_blocks"] += len(lock)

@@ -73,6 +73,13 @@ class SaveRecord:
     # field, not a dict of extras, which was one dict made per save and read by nobody else
     registration_error: str | None = None
 
+    @property
+    def failed(self) -> bool:
+        """Ended in a reported failure (copy error, tier full, registration failed or
+        dropped): no barrier can make it visible; the request that sealed it answers for
+        it (its Finished is marked degraded)."""
+        return (self.done.triggered and not self.done.value.ok) or self.registration_error is not None
+
 
 class Tier(Protocol):
     ports: Ports
