@@ -45,6 +45,7 @@ class AdmissionResult:
     deferred: list[PendingRequest] = field(default_factory=list)
     rejected: list[tuple[PendingRequest, RejectReason, str]] = field(default_factory=list)
     shed: list[PendingRequest] = field(default_factory=list)
+    cancelled: list[PendingRequest] = field(default_factory=list)  # the client left while it waited
     budget_deferred: list[PendingRequest] = field(default_factory=list)
     considered: list[PendingRequest] = field(default_factory=list)  # queue order
     kept: range = range(0)
@@ -131,6 +132,9 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
     def consider(i: int, p: PendingRequest) -> None:
         """The request at queue[i]: reject, admit or defer it (shedding holds behind it)."""
         nonlocal budget, slots
+        if p.sink.is_closed():   # gone while it waited: it leaves the queue, its hold with it
+            out.cancelled.append(p)
+            return
         if i >= vetted:
             reason = _rejection(p, bs, pool, cfg)
             if reason is not None:

@@ -36,6 +36,7 @@ from openinfer.scheduler.step_builder import build_step, choose_kind, ensure_kv,
 
 Observer = Callable[[str, dict[str, Any]], None]
 KV_ALLOCATION_FAILED = "KV allocation failed while scheduling the step"
+SHUT_DOWN = "the engine is shut down"
 _CACHEABLE = SaveClass.CACHEABLE  # read per completed block: a plain name, not an Enum attribute
 
 
@@ -117,20 +118,29 @@ class Engine:
     # -- client API -------------------------------------------------------------------
     def submit(self, req: GenerateRequest, on_event: Callable[[RequestEvent], None] | None = None
                ) -> RequestHandle:
-        """Queue a request; its events arrive on the returned handle's stream."""
+        """Queue a request; its events arrive on the returned handle's stream. After
+        ``shutdown`` it is rejected at once (the loop that would answer it has ended)."""
         rid = self._next_id
         self._next_id += 1
         sink = TokenSink(rid, self.rt, on_event)
         now = self.rt.now()
-        self._push(PendingRequest(rid, req, sink, now, hashes=[]))
+        p = PendingRequest(rid, req, sink, now, hashes=[])
+        if self.closed:
+            self._terminal(sink, EventKind.REJECTED, now, message=SHUT_DOWN)
+        else:
+            self._push(p)
         return RequestHandle(rid, sink, req, submitted_at=now)
 
     def control(self, command: ControlCommand) -> Event:
-        """Queue a LoRA control command; the event's value is its ControlResponse."""
+        """Queue a LoRA control command; the event's value is its ControlResponse (failed at
+        once after ``shutdown``)."""
         self._control_seq += 1
         pc = PendingControl(self._control_seq, command, self.rt.event(), self.rt.now(),
                             after_request=self._next_id - 1)
-        self._push(pc)
+        if self.closed:
+            pc.response.succeed(ControlResponse(False, SHUT_DOWN, applied_at=self.rt.now()))
+        else:
+            self._push(pc)
         return pc.response
 
     def shutdown(self) -> None:
@@ -329,6 +339,8 @@ class Engine:
                     self.store.pinned_blocks(self.rank), self.cfg, vetted=self._vetted)
         for p, _reason, message in res.rejected:
             self._reject(p, message)
+        for p in res.cancelled:   # no answer: nobody is listening; the pages go back
+            self._drop_pending(p)
         lost: list[PendingRequest] = []
         for p in res.admitted:
             kv = ensure_kv(p, self.pool)

@@ -279,6 +279,45 @@ def test_client_cancel_before_admission() -> None:
     assert rig.at_rest()
 
 
+def test_a_request_cancelled_while_it_waits_is_never_prefilled() -> None:
+    """It used to stay queued with its prefix hold, be admitted when a slot freed (a slot
+    and budget taken from the others) and have a chunk prefilled for nobody."""
+    rig = make_engine(num_blocks=64, decode_cap=1)
+    prefilled: list[int] = []
+    rig.eng.observers.append(lambda kind, d: prefilled.extend(r.req_id for r in d["plan"].prefill)
+                             if kind == "step_start" else None)
+    shared = prompt(64, 5000)
+    rig.submit(shared + [1], 1)                    # registers 4 blocks of the shared prefix
+    rig.run(until=0.2)
+    long = rig.submit(prompt(20, 100), 200)        # holds the only batch slot
+    rig.run(until=0.25)
+    waiting = rig.submit(shared + prompt(16, 9000), 8)
+    run_until(rig, lambda: any(p.id == waiting.req_id for p in rig.eng.deferred))
+    held = next(p for p in rig.eng.deferred if p.id == waiting.req_id).kv_prefix
+    assert held.hit_tokens == 64 and not held.released
+    waiting.cancel()
+    rig.run()
+    assert waiting.req_id not in prefilled and terminals(waiting) == [] and held.released
+    assert only_terminal(long).kind is EventKind.FINISHED
+    assert rig.at_rest()
+
+
+def test_after_shutdown_new_work_is_answered_at_once() -> None:
+    """The loop ends once idle after ``shutdown``: a request or control queued later would
+    wait for ever, its handle never done."""
+    from openinfer.scheduler import ControlCommand
+    rig = make_engine(num_blocks=64, lora_control=True)
+    before = rig.submit(prompt(20, 1), 4)
+    rig.eng.shutdown()
+    rig.run(until=1.0)
+    assert only_terminal(before).kind is EventKind.FINISHED and not rig.eng.process.is_alive
+    after = rig.submit(prompt(20, 500), 4)
+    control = rig.eng.control(ControlCommand("list"))
+    rig.run(until=2.0)
+    assert only_terminal(after).kind is EventKind.REJECTED and "shut down" in only_terminal(after).message
+    assert control.triggered and not control.value.ok and not rig.eng.has_work()
+
+
 # -- load snapshot --------------------------------------------------------------------------
 def test_load_snapshot_counts_in_flight_resolves_as_waiting() -> None:
     rig = make_engine(tier=True)
