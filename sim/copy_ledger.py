@@ -23,6 +23,7 @@ from openinfer.runtime import Runtime
 from sim.monitors import InvariantViolation
 
 KINDS = ("page", "slot")   # a GPU page, a host slot of this instance's tier
+_MIN_SWEEP = 4096          # entries added between two sweeps of the landed ones, at least
 
 
 class CopyLedger:
@@ -32,6 +33,11 @@ class CopyLedger:
         # kind -> id -> landing events of the copies that read / write it (pruned as seen)
         self._readers: dict[str, dict[int, list[Event]]] = {k: {} for k in KINDS}
         self._writers: dict[str, dict[int, list[Event]]] = {k: {} for k in KINDS}
+        # Landed copies are dropped when their page or slot is next looked at, and all of
+        # them once this many entries have been added since the last sweep: a pool of 50k
+        # pages, each saved once, would otherwise keep 50k landed events (~13 MB).
+        self._added = 0
+        self._sweep_at = _MIN_SWEEP
 
     def submit(self, what: str, read_kind: str, reads: list[int], write_kind: str, writes: list[int],
                lands: Event) -> None:
@@ -49,6 +55,17 @@ class CopyLedger:
                 self._fail(what, read_kind, i, "reads", clash)
         _add(self._readers[read_kind], reads, lands)
         _add(writers, writes, lands)
+        self._added += len(reads) + len(writes)
+        if self._added >= self._sweep_at:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        live = 0
+        for table in (*self._readers.values(), *self._writers.values()):
+            for i in list(table):
+                live += _live(table, i)
+        self._added = 0
+        self._sweep_at = max(_MIN_SWEEP, 2 * live)
 
     def _fail(self, what: str, kind: str, index: int, verb: str, clash: int) -> None:
         where = f" on {self.name}" if self.name else ""

@@ -79,3 +79,16 @@ def test_the_ledger_adds_no_event_to_a_run():
         return r["sim"]["events_processed"], r["metrics"]["mean_ttft_ms"]
 
     assert events(True) == events(False)
+
+
+def test_landed_copies_are_forgotten_so_the_ledger_stays_small():
+    """Every page of a 50k-page pool saved once would otherwise leave 50k landed events."""
+    from sim.copy_ledger import _MIN_SWEEP
+    rt = SimRuntime(seed=0)
+    link = LinkSpec(bandwidth_gib_s=1000.0, latency_s=0.0)
+    tr = QueuedTransfer(rt, PAGE_BYTES, d2h=link, h2d=link)
+    tr.ledger = ledger = CopyLedger(rt)
+    for page in range(20_000):
+        rt.run(until=tr.d2h([page], [page % 7]))
+    kept = sum(len(t) for t in (*ledger._readers.values(), *ledger._writers.values()))
+    assert kept <= 2 * _MIN_SWEEP
