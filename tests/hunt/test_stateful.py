@@ -214,7 +214,7 @@ TestFixed.settings = settings(max_examples=60, stateful_step_count=30, derandomi
 
 # bug -> (the invariant that must catch it, example budget). With derandomize the example at
 # which each is found is fixed (hypothesis 6.155.2, this file, the local-constant pool
-# empty): F1 246, F2 63, F3 31, F4 92, F5 56; the budgets leave >= 3x headroom. F1 needs the
+# empty): F1 347, F2 63, F3 61, F4 92, F5 35; the budgets leave >= 2.8x headroom. F1 needs the
 # rarest shape (both shared prefixes seeded, a 16-page pool, two long-output requests whose
 # restored holds land together), so it gets the larger budget. Measured with
 # ``_hunt(bug)[1]``; any change to the rules, the world or the simulator moves these.
@@ -244,7 +244,7 @@ def _hunt(bug: str) -> tuple[InvariantViolation, int]:
 
 def test_canary_f1_pinned_hold_starvation() -> None:
     """F1 (holds never shed) -> admission_liveness. Budget: 1000 examples x 30 steps,
-    generation only (no shrinking); found at example 246."""
+    generation only (no shrinking); found at example 347."""
     _hunt("F1")
 
 
@@ -256,7 +256,7 @@ def test_canary_f2_flush_chain_gap() -> None:
 
 def test_canary_f3_unbounded_flush() -> None:
     """F3 (no flush deadline) -> bounded_terminal_event. Budget: 300 examples x 30 steps,
-    generation only; found at example 31, in teardown's lost-registration phase."""
+    generation only; found at example 61."""
     _hunt("F3")
 
 
@@ -268,7 +268,7 @@ def test_canary_f4_control_overtakes_resolve() -> None:
 
 def test_canary_f5_double_charged_pins() -> None:
     """F5 (save-pinned pages charged twice) -> single_charge_admission. Budget: 300 examples
-    x 30 steps, generation only; found at example 56."""
+    x 30 steps, generation only; found at example 35."""
     _hunt("F5")
 
 
