@@ -134,6 +134,9 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
         nonlocal budget, slots
         if p.sink.is_closed():   # gone while it waited: it leaves the queue, its hold with it
             out.cancelled.append(p)
+            if p.kv_prefix.hit_tokens and not p.kv_prefix.released:
+                p.drop_hold()    # now, so the requests behind it see the freed pages
+                budget = recompute()
             return
         if i >= vetted:
             reason = _rejection(p, bs, pool, cfg)

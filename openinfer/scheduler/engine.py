@@ -119,7 +119,8 @@ class Engine:
     def submit(self, req: GenerateRequest, on_event: Callable[[RequestEvent], None] | None = None
                ) -> RequestHandle:
         """Queue a request; its events arrive on the returned handle's stream. After
-        ``shutdown`` it is rejected at once (the loop that would answer it has ended)."""
+        ``shutdown`` no new work is taken: it is rejected at once (the loop ends once the
+        work it has is done, and would never answer it)."""
         rid = self._next_id
         self._next_id += 1
         sink = TokenSink(rid, self.rt, on_event)
@@ -133,7 +134,7 @@ class Engine:
 
     def control(self, command: ControlCommand) -> Event:
         """Queue a LoRA control command; the event's value is its ControlResponse (failed at
-        once after ``shutdown``)."""
+        once after ``shutdown``, which takes no new work)."""
         self._control_seq += 1
         pc = PendingControl(self._control_seq, command, self.rt.event(), self.rt.now(),
                             after_request=self._next_id - 1)

@@ -302,6 +302,26 @@ def test_a_request_cancelled_while_it_waits_is_never_prefilled() -> None:
     assert rig.at_rest()
 
 
+def test_a_cancelled_waiters_pages_count_for_the_requests_behind_it_in_the_same_pass() -> None:
+    """Its hold is dropped inside the admission pass, so a request behind it that fits
+    only with those pages is admitted in that pass (the single-charge monitor checks it)."""
+    from sim.monitors import Monitor
+    rig = make_engine(num_blocks=32, decode_cap=1)
+    Monitor(rig.eng, rig.store, 0.0)
+    shared = prompt(64, 5000)
+    rig.submit(shared + [1], 1)
+    rig.run(until=0.2)
+    rig.submit(prompt(20, 100), 200)
+    rig.run(until=0.25)
+    waiting = rig.submit(shared + prompt(16, 9000), 8)
+    run_until(rig, lambda: any(p.id == waiting.req_id for p in rig.eng.deferred))
+    big = rig.submit(prompt(29 * 16 - 8, 20000), 4)   # fits only once the hold is gone
+    rig.run(until=0.3)
+    waiting.cancel()
+    rig.run()                                          # a violation would raise here
+    assert only_terminal(big).kind is EventKind.FINISHED and rig.at_rest()
+
+
 def test_after_shutdown_new_work_is_answered_at_once() -> None:
     """The loop ends once idle after ``shutdown``: a request or control queued later would
     wait for ever, its handle never done."""
