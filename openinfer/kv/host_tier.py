@@ -229,25 +229,26 @@ class HostTier:
     def _save(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash],
               guards: PageRefs) -> Generator[Event, Any, OpResult]:
         err = yield from self.ports.through("save", hashes[0].hex()[:8] if hashes else "")
-        new_pages, new_hashes, slots, err = self._reserve(pages, rec.hashes, err)
+        new_pages, new_hashes, slots, resident, err = self._reserve(pages, rec.hashes, err)
         if err is None and new_pages:
             yield self.transfer.d2h(new_pages, slots)
-        return self._landed(rec, new_hashes, slots, guards, err)
+        return self._landed(rec, new_hashes, slots, resident, guards, err)
 
     def _save_now(self, rec: SaveRecord, pages: list[int], hashes: list[BlockHash], guards: PageRefs) -> Event:
-        new_pages, new_hashes, slots, err = self._reserve(pages, rec.hashes, None)
+        new_pages, new_hashes, slots, resident, err = self._reserve(pages, rec.hashes, None)
         if err is None and new_pages:
             copy = self.transfer.d2h(new_pages, slots)
             # a partial, not a lambda: the landing calls _landed without a frame between
-            return self.rt.then(copy, partial(self._landed, rec, new_hashes, slots, guards, None))
-        return self.rt.done(self._landed(rec, new_hashes, slots, guards, err))
+            return self.rt.then(copy, partial(self._landed, rec, new_hashes, slots, resident, guards, None))
+        return self.rt.done(self._landed(rec, new_hashes, slots, resident, guards, err))
 
     def _reserve(self, pages: list[int], hashes: list[BlockHash], err: str | None
-                 ) -> tuple[list[int], list[BlockHash], list[int], str | None]:
-        """The pages and hashes of the blocks not yet resident, and the host slots they will
-        land in (none after an error). ``hashes`` is the record's own copy, so when every
-        block is new (nearly every save: one block a decode step) the lists are returned
-        as they are, with no (page, hash) pair or list made per block."""
+                 ) -> tuple[list[int], list[BlockHash], list[int], list[BlockHash], str | None]:
+        """The pages and hashes of the blocks not yet resident, the host slots they will
+        land in (none after an error) and the resident blocks it pinned. ``hashes`` is the
+        record's own copy, so when every block is new (nearly every save: one block a
+        decode step) the lists are returned as they are, with no (page, hash) pair or list
+        made per block."""
         slot_of = self._slot_of
         for h in hashes:
             if h in slot_of:
@@ -260,21 +261,24 @@ class HostTier:
         else:
             new_pages, new_hashes = pages, hashes
         if err is not None or not new_pages:
-            return new_pages, new_hashes, [], err
-        # The blocks it found resident count as saved by it: they may not be the LRU
-        # victims that make room for the rest (the save would report them visible, gone).
+            return new_pages, new_hashes, [], [], err
+        # The blocks it found resident count as saved by it: pinned until it lands, so that
+        # neither the slots it takes now nor another save's before it lands evict them (it
+        # would report them visible, gone).
         resident = [h for h in hashes if h in slot_of] if new_hashes is not hashes else []
         self._pin(resident)
         slots = self._take_slots(len(new_pages))
-        self._unpin(resident)
         if slots is None:
-            return new_pages, new_hashes, [], "host tier full: every resident block is pinned"
-        return new_pages, new_hashes, slots, None
+            self._unpin(resident)
+            return new_pages, new_hashes, [], [], "host tier full: every resident block is pinned"
+        return new_pages, new_hashes, slots, resident, None
 
-    def _landed(self, rec: SaveRecord, new_hashes: list[BlockHash], slots: list[int], guards: PageRefs,
-                err: str | None) -> OpResult:
+    def _landed(self, rec: SaveRecord, new_hashes: list[BlockHash], slots: list[int],
+                resident: list[BlockHash], guards: PageRefs, err: str | None) -> OpResult:
         """The copy is done (or never started): release the GPU pages, make the blocks visible."""
         guards.release()  # the GPU pages may be reused once the D2H has landed
+        if resident:
+            self._unpin(resident)
         if err is not None:
             self._free_slots.extend(slots)
             self.counters["saves_failed"] += 1

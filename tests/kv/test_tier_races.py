@@ -109,3 +109,24 @@ def test_a_save_never_evicts_a_block_it_counts_as_already_saved():
     rec = _save(rt, tier, pool, [a, b])
     assert tier.contains(a)
     assert not rec.done.value.ok and "full" in rec.done.value.error
+
+
+class SlowSaves(InstantTransfer):
+    def d2h(self, pages: list[int], slots: list[int]) -> Event:
+        return self.rt.sleep(1.0)
+
+
+def test_another_save_cannot_evict_a_block_a_save_in_flight_counts_as_saved():
+    """The blocks a save found resident stay pinned until it lands: another save taking
+    slots meanwhile could evict one, and the first would still report it visible."""
+    rt = SimRuntime(seed=0)
+    pool = BlockPool(BS, 8)
+    tier = HostTier(rt, 2, SlowSaves(rt))
+    a, b, c = _h(1), _h(2), _h(3)
+    rt.run(until=_save(rt, tier, pool, [a]).done)
+    first = _save(rt, tier, pool, [a, b])          # a resident; b's copy takes 1 s
+    second = _save(rt, tier, pool, [c])            # no free slot: only a could make room
+    rt.run(until=first.done)
+    assert first.done.value.ok and tier.contains(a) and tier.contains(b)
+    rt.run(until=second.done)
+    assert not second.done.value.ok
