@@ -9,9 +9,10 @@ writes a page a save is still reading, produces the right timings and the wrong 
 A new copy may not write a page or slot that a copy in flight reads or writes, nor read
 one that a copy in flight writes; a clash raises :class:`InvariantViolation`
 ``copy_exclusive`` from inside the operation that submitted it. A copy is in flight until
-its landing event has triggered (a tier frees what a copy used only in that event's
-callbacks, later still). Nothing is added to the copy's event, so runs with and without
-the ledger process the same events.
+its landing event has triggered or its callbacks have begun (a tier frees what a copy used
+in those callbacks, or in the compute of a runtime ``Timer``, which runs before the value
+is set). Nothing is added to the copy's event, so runs with and without the ledger process
+the same events.
 A peer read's source slots are the peer's and are not tracked here.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from simpy.events import Event
 
 from openinfer.runtime import Runtime
-from sim.monitors import InvariantViolation
+from sim.invariant import InvariantViolation
 
 KINDS = ("page", "slot")   # a GPU page, a host slot of this instance's tier
 _MIN_SWEEP = 4096          # entries added between two sweeps of the landed ones, at least
@@ -43,6 +44,7 @@ class CopyLedger:
                lands: Event) -> None:
         """Record a copy submitted now that lands with ``lands``; refuse a clash first.
         Called for every copy of a run (every sealed block is one), so it stays lean."""
+        assert _in_flight(lands), "a copy's landing event must be pending when it is submitted"
         readers, writers = self._readers[write_kind], self._writers[write_kind]
         for i in writes:
             clash = _live(writers, i) + _live(readers, i)
@@ -80,12 +82,18 @@ def _live(table: dict[int, list[Event]], i: int) -> int:
     events = table.get(i)
     if not events:
         return 0
-    live = [e for e in events if not e.triggered]
+    live = [e for e in events if _in_flight(e)]
     if live:
         table[i] = live
     else:
         del table[i]
     return len(live)
+
+
+def _in_flight(e: Event) -> bool:
+    """Not landed: not triggered (a Process that returned is), and its callbacks not begun
+    (a Timer's compute, where a tier frees slots, runs with callbacks already None)."""
+    return not e.triggered and e.callbacks is not None
 
 
 def _add(table: dict[int, list[Event]], ids: list[int], lands: Event) -> None:
@@ -94,5 +102,5 @@ def _add(table: dict[int, list[Event]], ids: list[int], lands: Event) -> None:
         if events is None:
             table[i] = [lands]
         else:   # drop the landed ones here too: a page saved a thousand times keeps one
-            events[:] = [e for e in events if not e.triggered]
+            events[:] = [e for e in events if _in_flight(e)]
             events.append(lands)

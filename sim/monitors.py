@@ -31,6 +31,7 @@ from openinfer.scheduler.admission import AdmissionResult, credit, future_draws
 from openinfer.scheduler.engine import KV_ALLOCATION_FAILED, Engine
 from openinfer.scheduler.records import PendingRequest
 from openinfer.scheduler.request import EventKind
+from sim.invariant import InvariantViolation
 
 INVARIANTS = (
     "page_conservation", "held_page_integrity", "single_terminal_event", "admitted_draw_never_fails",
@@ -77,17 +78,6 @@ def timeline_tail(maxlen: int = TIMELINE_TAIL) -> Timeline:
     entries before a violation (the world and cluster runners) needs just the tail. The
     hunter, whose small runs read the whole timeline, passes a list."""
     return deque(maxlen=maxlen)
-
-
-class InvariantViolation(Exception):
-    def __init__(self, name: str, time: float, detail: str) -> None:
-        super().__init__(name, time, detail)  # SimPy re-raises a failed process's exception from its args
-        self.name = name
-        self.time = time
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return f"{self.name} at t={self.time:.6f}s: {self.detail}"
 
 
 @dataclass
