@@ -111,10 +111,10 @@ def make_faults(cfg: Any, instances: list[str]) -> list[PlacedFault]:
             raise _renamed(err, prefix) from None
         require(f.target == "all" or f.target in instances, f"{prefix}.target", f.target,
                 f"all or one of {', '.join(instances)}")
-        require(f.target == "all" or f.port not in METASERVER_PORTS, f"{prefix}.target", f.target,
-                f"all for port {f.port}: the MetaServer is shared, its faults hit every instance")
         require(f.port not in METASERVER_PORTS or cfg.experiment.prefill > 0, f"{prefix}.port",
                 f.port, "a tier port (query, load, save, flush) or step: without P/D there is no MetaServer")
+        require(f.target == "all" or f.port not in METASERVER_PORTS, f"{prefix}.target", f.target,
+                f"all for port {f.port}: the MetaServer is shared, its faults hit every instance")
         out.append(PlacedFault(spec, f.target))
     return out
 

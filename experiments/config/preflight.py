@@ -68,21 +68,30 @@ def combinations(overrides: list[str]) -> list[list[str]]:
     if not axes:
         return [[]]
     combos = [list(c) for c in itertools.islice(itertools.product(*axes), MAX_COMBOS)]
-    # Past the first MAX_COMBOS, still try every value of every axis once (the others at
-    # their first value): a bad value late in a long axis must not wait for its job.
+    # Past the first MAX_COMBOS, still try every value of every axis once (row i takes
+    # value i of each axis, or its last): a bad value late in a long axis must not wait
+    # for its job. The check then costs one compose per value of the longest axis.
     longest = max(len(a) for a in axes)
     cover = [[a[min(i, len(a) - 1)] for a in axes] for i in range(longest)]
     return combos + [c for c in cover if c not in combos]
 
 
-def unread_workload_key(overrides: list[str], kind: str) -> str | None:
-    """A workload key the user set that ``kind`` never reads (it would be dropped)."""
+def unread_workload_keys(overrides: list[str], kind: str) -> dict[str, str]:
+    """The workload keys set in ``overrides`` that ``kind`` never reads, each with the
+    kind that does."""
+    out = {}
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         for other, keys in KIND_ONLY_KEYS.items():
             if other != kind and key in {f"workload.{k}" for k in keys}:
-                return (f"{key} is only read by workload.kind={other}, and this run is "
-                        f"workload.kind={kind}: drop it or set workload.kind={other}")
+                out[key] = other
+    return out
+
+
+def _unread_problem(unread: dict[str, tuple[str, str]]) -> str | None:
+    for key, (kind, other) in unread.items():
+        return (f"{key} is only read by workload.kind={other}, and every job of this command "
+                f"has workload.kind={kind}: drop it or set workload.kind={other}")
     return None
 
 
@@ -137,6 +146,7 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
     except HydraException as err:
         return f"cannot parse the overrides: {str(err).splitlines()[0]}"
     GlobalHydra.instance().clear()
+    unread: dict[str, tuple[str, str]] | None = None   # key -> (a job's kind, the kind reading it)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             for combo in combos:
@@ -145,12 +155,13 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
                     build(cfg)
                 except (HydraException, OmegaConfBaseException, ConfigError) as err:
                     return explain(err, config_name)
-                unread = unread_workload_key(combo, cfg.workload.kind)
-                if unread is not None:
-                    return unread
+                kind = cfg.workload.kind
+                here = {k: (kind, other) for k, other in unread_workload_keys(combo, kind).items()}
+                # a key some job reads is fine (a grid over both kinds may set chat's turns)
+                unread = here if unread is None else {k: v for k, v in unread.items() if k in here}
     finally:
         GlobalHydra.instance().clear()
-    return None
+    return _unread_problem(unread or {})
 
 
 def guard(argv: list[str], config_name: str) -> None:

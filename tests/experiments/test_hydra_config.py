@@ -50,6 +50,7 @@ def test_good_overrides_pass() -> None:
     assert check([]) is None
     assert check(["experiment=smoke", "variant=fixed", "workload.qps=4"]) is None
     assert check(["-m", "workload.qps=2,4"], "sweep") is None
+    assert check(["-m", "workload=chat,random", "workload.turns=3"]) is None   # the chat jobs read it
 
 
 def test_cli_exits_2_with_one_line() -> None:
