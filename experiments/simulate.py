@@ -31,15 +31,15 @@ from sim.profile import FittedProfile
 from sim.step_model import StepModel
 from sim.traces import load_trace, parse_lines, synthetic_mooncake_lines
 from sim.workloads import ChatWorkload, RandomWorkload, TraceWorkload, Workload
+from sim.workload_spec import KIND_ONLY_KEYS
 from sim.world import WorldConfig, build_world, run_world
 
 WORKLOADS = ("chat", "random", "mooncake")
 # keys that only some workloads read (make_workload); a mooncake trace file brings its own
 # arrival times, so qps is read only by the synthetic trace
-READ_BY = {"input_len": ("random",), "range_ratio": ("random",), "prefix_len": ("random",),
+READ_BY = {**{k: (kind,) for kind, keys in KIND_ONLY_KEYS.items() for k in keys},
            "output_len": ("random", "chat"), "arrival": ("random", "chat"), "cv": ("random", "chat"),
-           "turns": ("chat",), "system_prompt_len": ("chat",), "user_len": ("chat",),
-           "think_time_s": ("chat",), "trace": ("mooncake",), "speedup": ("mooncake",)}
+           "trace": ("mooncake",), "speedup": ("mooncake",)}
 # WorldConfig's names (and those of the objects it checks with) -> this command's keys
 _WORLD_NAMES = {"world.block_size": "block_size", "world.num_blocks": "num_blocks",
                 "world.host_tier_gib": "host_gib", "world.host": "host", "order.policy": "order",

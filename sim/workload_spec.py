@@ -48,6 +48,14 @@ def workload_from_dict(data: Mapping[str, Any]) -> Workload:
     return cls(**fields)
 
 
+# The keys only one generated kind reads, by the names both command lines use (the Hydra
+# workload group and experiments.simulate): what a builder passes for that kind, and what a
+# command refuses when the run's kind would drop it.
+KIND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
+    "chat": ("turns", "system_prompt_len", "user_len", "think_time_s"),
+    "random": ("input_len", "range_ratio", "prefix_len"),
+}
+
 # Omitted keys of the flat form: a small workload (the tiny model on a CPU serves it in seconds).
 FLAT_DEFAULTS: dict[str, dict[str, Any]] = {
     "random": dict(num_requests=8, input_len=128, output_len=16, prefix_len=64),

@@ -22,14 +22,11 @@ from sim.faults import FaultSpec
 from sim.hardware import preset as hardware_preset
 from sim.metrics import summarize
 from sim.model_geometry import preset as model_preset
-from sim.workload_spec import workload_from_flat
+from sim.workload_spec import KIND_ONLY_KEYS, workload_from_flat
 from sim.workloads import Workload
 from sim.world import WorldConfig
 
-WORKLOAD_KINDS = ("chat", "random")
-# workload keys only one kind reads (make_workload): setting one for the other kind is a mistake
-KIND_ONLY_KEYS = {"chat": ("turns", "system_prompt_len", "user_len", "think_time_s"),
-                  "random": ("input_len", "range_ratio", "prefix_len")}
+WORKLOAD_KINDS = tuple(KIND_ONLY_KEYS)   # chat, random
 METASERVER_PORTS = ("registration", "metaserver")   # the shared MetaServer's, not an instance's
 # what a sweep job can return to a sweeper: the vllm-bench metric keys, plus the finished count
 OBJECTIVES = tuple(k for k in summarize([], [], 0.0) if k not in ("failed",)) + ("finished", "hit_rate")
@@ -90,13 +87,12 @@ def make_workload(w: Any) -> Workload:
     require(w.user_len >= 1, "workload.user_len", w.user_len, "an int >= 1")
     require(w.output_len >= 1, "workload.output_len", w.output_len, "an int >= 1")
     flat = dict(kind=w.kind, output_len=w.output_len, rate=w.qps, process=w.arrival, cv=w.cv)
+    flat.update({k: getattr(w, k) for k in KIND_ONLY_KEYS[w.kind]})
     if w.kind == "random":
-        flat.update(num_requests=w.num_requests, input_len=w.input_len, range_ratio=w.range_ratio,
-                    prefix_len=w.prefix_len)
+        flat.update(num_requests=w.num_requests)
     else:  # qps is the request rate: sessions of ``turns`` requests arrive at qps/turns
         flat.update(rate=w.qps / w.turns, num_sessions=-(-w.num_requests // w.turns), max_requests=w.num_requests,
-                    turns=w.turns, system_prompt_len=w.system_prompt_len, user_len=w.user_len,
-                    think_time_s=w.think_time_s, length_sigma=0.5)
+                    length_sigma=0.5)
     return workload_from_flat(flat)
 
 

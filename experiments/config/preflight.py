@@ -22,9 +22,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments.config.build import KIND_ONLY_KEYS, build
+from experiments.config.build import build
 from experiments.config.schema import GROUPS, register
 from openinfer.errors import ConfigError
+from sim.workload_spec import KIND_ONLY_KEYS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 MAX_COMBOS = 64
