@@ -31,6 +31,11 @@ Submit = Callable[[GenerateRequest, Callable[[RequestEvent], None] | None], Requ
 OUTPUT_MODES = ("max_tokens", "eos")
 
 
+def check_output_mode(mode: str, field: str = "client.output_mode") -> None:
+    """The client's rule, callable before a client exists so a config is checked when made."""
+    require(mode in OUTPUT_MODES, field, mode, f"one of {', '.join(OUTPUT_MODES)}")
+
+
 ABORT_DELAYS = ("fixed", "exponential", "uniform")
 
 
@@ -90,7 +95,7 @@ class Client:
     def __init__(self, rt: Runtime, submit: Submit, *, output_mode: str = "max_tokens",
                  stop_after: dict[int, int] | None = None, max_tokens_cap: int = 4096,
                  abort: AbortSpec | None = None) -> None:
-        require(output_mode in OUTPUT_MODES, "client.output_mode", output_mode, f"one of {', '.join(OUTPUT_MODES)}")
+        check_output_mode(output_mode)
         require(output_mode != "eos" or stop_after is not None, "client.output_mode", output_mode,
                 "max_tokens, unless the executor's stop_after table is given (EOS mode)")
         self.rt = rt

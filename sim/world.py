@@ -20,7 +20,7 @@ from openinfer.kv.pool import check_block_size
 from openinfer.runtime import OrderSpec, SimRuntime
 from openinfer.scheduler import Engine, Role, SchedulerConfig, SchedulerSwitches
 from openinfer.variants import variant as get_variant
-from sim.client import OUTPUT_MODES, AbortSpec, Client
+from sim.client import AbortSpec, Client, check_output_mode
 from sim.copy_engine import LinkSpec, ModeledTransfer
 from sim.copy_ledger import CopyLedger
 from sim.copy_queue import QueuedTransfer
@@ -85,8 +85,7 @@ class WorldConfig:
                 "world.timeline_max_rows", self.timeline_max_rows, "an int >= 2 (the first and last sample)")
         # Rules owned by the objects build_world makes from these fields: making them here
         # checks a config when it is written, not when a run builds its world.
-        require(self.output_mode in OUTPUT_MODES, "world.output_mode", self.output_mode,
-                f"one of {', '.join(OUTPUT_MODES)}")
+        check_output_mode(self.output_mode, "world.output_mode")
         check_block_size(self.block_size, "world.block_size")
         OrderSpec(self.order)
         self.scheduler_config()
