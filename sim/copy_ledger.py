@@ -6,13 +6,13 @@ The simulator moves no bytes, so without this ledger the same race would pass un
 tier that hands a slot to a new save while a restore still reads it, or a restore that
 writes a page a save is still reading, produces the right timings and the wrong KV.
 
-A new copy may not write a page or slot that a copy in flight reads or writes, nor read
-one that a copy in flight writes; a clash raises :class:`InvariantViolation`
-``copy_exclusive`` from inside the operation that submitted it. A copy is in flight until
-its landing event has triggered or its callbacks have begun (a tier frees what a copy used
-in those callbacks, or in the compute of a runtime ``Timer``, which runs before the value
-is set). Nothing is added to the copy's event, so runs with and without the ledger process
-the same events.
+The rule is the real backend's (``openinfer/backend/copy_exclusion.py``): a new copy may
+not write a page or slot that a copy in flight reads or writes, nor read one that a copy
+in flight writes; a clash raises :class:`InvariantViolation` ``copy_exclusive`` from inside
+the operation that submitted it. A copy is in flight until its landing event has
+triggered or its callbacks have begun (a tier frees what a copy used in those callbacks, or
+in the compute of a runtime ``Timer``, which runs before the value is set). Nothing is
+added to the copy's event, so runs with and without the ledger process the same events.
 A peer read's source slots are the peer's and are not tracked here.
 """
 
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from simpy.events import Event
 
+from openinfer.backend.copy_exclusion import PAGE, READS, SLOT, WRITES, first_race, race_message
 from openinfer.runtime import Runtime
 from sim.invariant import InvariantViolation
 
-KINDS = ("page", "slot")   # a GPU page, a host slot of this instance's tier
+KINDS = (PAGE, SLOT)
 _MIN_SWEEP = 4096          # entries added between two sweeps of the landed ones, at least
 
 
@@ -45,21 +46,21 @@ class CopyLedger:
         """Record a copy submitted now that lands with ``lands``; refuse a clash first.
         Called for every copy of a run (every sealed block is one), so it stays lean."""
         assert _in_flight(lands), "a copy's landing event must be pending when it is submitted"
-        readers, writers = self._readers[write_kind], self._writers[write_kind]
-        for i in writes:
-            clash = _live(writers, i) + _live(readers, i)
-            if clash:
-                self._fail(what, write_kind, i, "writes", clash)
-        writing = self._writers[read_kind]
-        for i in reads:
-            clash = _live(writing, i)
-            if clash:
-                self._fail(what, read_kind, i, "reads", clash)
+        self._refuse(what, write_kind, writes, WRITES)
+        self._refuse(what, read_kind, reads, READS)
         _add(self._readers[read_kind], reads, lands)
-        _add(writers, writes, lands)
+        _add(self._writers[write_kind], writes, lands)
         self._added += len(reads) + len(writes)
         if self._added >= self._sweep_at:
             self._sweep()
+
+    def _refuse(self, what: str, kind: str, ids: list[int], verb: str) -> None:
+        readers, writers = self._readers[kind], self._writers[kind]
+        race = first_race(ids, verb, lambda i: _live(readers, i), lambda i: _live(writers, i))
+        if race is not None:
+            where = f" on {self.name}" if self.name else ""
+            raise InvariantViolation("copy_exclusive", self.rt.now(),
+                                     race_message(what, verb, kind, race, where))
 
     def _sweep(self) -> None:
         live = 0
@@ -68,13 +69,6 @@ class CopyLedger:
                 live += _live(table, i)
         self._added = 0
         self._sweep_at = max(_MIN_SWEEP, 2 * live)
-
-    def _fail(self, what: str, kind: str, index: int, verb: str, clash: int) -> None:
-        where = f" on {self.name}" if self.name else ""
-        raise InvariantViolation(
-            "copy_exclusive", self.rt.now(),
-            f"a {what} {verb} {kind} {index}{where} while {clash} copy(ies) in flight "
-            f"{'read or write' if verb == 'writes' else 'write'} it")
 
 
 def _live(table: dict[int, list[Event]], i: int) -> int:

@@ -15,9 +15,10 @@ Why it looks like this:
 * The store, not this class, decides page lifetimes: a save holds a guard reference on
   its pages until the D2H event has fired, a restore writes only into a reservation that
   is released (if abandoned) only once the H2D has finished. This class CHECKS that
-  contract cheaply: it tracks the pages each copy in flight reads or writes and raises
-  :class:`PageInFlight` if a copy or a step would touch one in a conflicting way, and,
-  given the pool, that every page stays referenced from submission to completion.
+  contract cheaply: it tracks the pages and host slots each copy in flight reads or
+  writes and raises :class:`PageInFlight` if a copy or a step would touch one in a way
+  ``copy_exclusion`` forbids, and, given the pool, that every page stays referenced from
+  submission to completion.
 * On a machine without CUDA the same class does synchronous torch copies and returns
   ``rt.done()``, so CI runs this code path; ``cpu_delay_s > 0`` instead makes the CPU
   copies asynchronous (the bytes move at completion, ``cpu_delay_s`` later), so tests can
@@ -29,15 +30,15 @@ simulator's copy-engine model.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Generator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from simpy.events import Event
 
+from openinfer.backend.copy_exclusion import PAGE, READS, SLOT, WRITES, InFlightCounts, race_message
 from openinfer.backend.jsonl import write_jsonl
 from openinfer.errors import AccountingError, require
 from openinfer.models.qwen3.kv_arena import KVArena
@@ -120,14 +121,6 @@ def coalesce(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int
     return runs
 
 
-@dataclass
-class _InFlight:
-    """Pages read (d2h sources) and written (h2d destinations) by copies in flight."""
-
-    reading: Counter = field(default_factory=Counter)
-    writing: Counter = field(default_factory=Counter)
-
-
 class CudaTransfer:
     """TransferEngine over a KVArena and a PinnedHostArena (and, for a single-process P/D
     demo, other instances' host arenas by name for ``peer_read``)."""
@@ -155,7 +148,7 @@ class CudaTransfer:
             self.compute_stream = compute_stream or torch.cuda.current_stream(dev)
             self.streams = {D2H: torch.cuda.Stream(dev), H2D: torch.cuda.Stream(dev)}
         self.bytes_per_page = arena.bytes_per_page
-        self.inflight = _InFlight()
+        self.inflight = InFlightCounts()
         self.records: list[CopyRecord] = []
         self.counters: dict[str, DirCounters] = {D2H: DirCounters(), H2D: DirCounters(),
                                                  PEER: DirCounters()}
@@ -163,12 +156,12 @@ class CudaTransfer:
     # -- the TransferEngine protocol ---------------------------------------------------
     def d2h(self, pages: list[int], slots: list[int]) -> Event:
         self._check_lengths(pages, slots, "d2h")
-        self._check_submit(D2H, pages)
+        self._check_submit(D2H, pages, slots)
         return self._submit(D2H, pages, slots)
 
     def h2d(self, slots: list[int], pages: list[int]) -> Event:
         self._check_lengths(slots, pages, "h2d")
-        self._check_submit(H2D, pages)
+        self._check_submit(H2D, pages, slots)
         return self._submit(H2D, slots, pages)
 
     def peer_read(self, peer: str, src_slots: list[int], dst_slots: list[int]) -> Event:
@@ -178,6 +171,7 @@ class CudaTransfer:
         src = self.peers.get(peer)
         if src is None:
             raise AccountingError(f"peer_read: unknown peer {peer!r} (known: {sorted(self.peers)})")
+        self._refuse_race("peer read", SLOT, dst_slots, WRITES)
         runs = coalesce(src_slots, dst_slots)
         self._record(PEER, len(src_slots), runs)
         for s, d, n in runs:
@@ -188,30 +182,27 @@ class CudaTransfer:
     def check_step(self, read_pages: Sequence[int], write_pages: Sequence[int]) -> None:
         """Called by the executor before a step: the step must not write a page that a
         copy in flight reads or writes, nor read a page an H2D is still writing."""
-        w = self.inflight.writing
-        r = self.inflight.reading
-        for p in write_pages:
-            if w[p] or r[p]:
-                raise PageInFlight(f"step writes page {p} while a "
-                                   f"{'h2d writes' if w[p] else 'd2h reads'} it")
-        for p in read_pages:
-            if w[p]:
-                raise PageInFlight(f"step reads page {p} while an h2d still writes it")
+        self._refuse_race("step", PAGE, write_pages, WRITES)
+        self._refuse_race("step", PAGE, read_pages, READS)
 
     def pages_in_flight(self) -> int:
-        return sum(1 for c in (*self.inflight.reading.values(), *self.inflight.writing.values()) if c)
+        return self.inflight.busy(PAGE)
+
+    def _refuse_race(self, what: str, kind: str, ids: Sequence[int], verb: str) -> None:
+        race = self.inflight.race(kind, ids, verb)
+        if race is not None:
+            raise PageInFlight(race_message(what, verb, kind, race))
 
     def _check_lengths(self, a: Sequence[int], b: Sequence[int], what: str) -> None:
         if len(a) != len(b):
             raise AccountingError(f"{what}: {len(a)} sources for {len(b)} destinations")
 
-    def _check_submit(self, direction: str, pages: Sequence[int]) -> None:
-        w, r = self.inflight.writing, self.inflight.reading
-        for p in pages:
-            if w[p]:
-                raise PageInFlight(f"{direction} of page {p} while an h2d still writes it")
-            if direction == H2D and r[p]:
-                raise PageInFlight(f"h2d into page {p} while a d2h still reads it")
+    def _check_submit(self, direction: str, pages: Sequence[int], slots: Sequence[int]) -> None:
+        """A save reads its pages and writes its slots; a load reads slots, writes pages."""
+        page_verb, slot_verb = (READS, WRITES) if direction == D2H else (WRITES, READS)
+        what = "D2H save" if direction == D2H else "H2D load"
+        self._refuse_race(what, PAGE, pages, page_verb)
+        self._refuse_race(what, SLOT, slots, slot_verb)
         self._check_held(direction, pages, "submitted")
 
     def _check_held(self, direction: str, pages: Sequence[int], when: str) -> None:
@@ -243,34 +234,31 @@ class CudaTransfer:
                 arena[d:d + n].copy_(host[s:s + n], non_blocking=non_blocking)
 
     def _submit(self, direction: str, src: list[int], dst: list[int]) -> Event:
-        pages = src if direction == D2H else dst
         runs = coalesce(src, dst)             # once: the record counts the copies that run
         rec = self._record(direction, len(src), runs)
         if not src:
             return self.rt.done()
         if self.on_cuda:
-            return self._submit_cuda(direction, runs, pages, rec)
+            return self._submit_cuda(direction, runs, src, dst, rec)
         if self.cpu_delay_s == 0:
             self._copy(direction, runs, non_blocking=False)
             return self.rt.done()
-        self._mark(direction, pages, +1)
-        return self.rt.spawn(self._cpu_later(direction, runs, pages, rec))
+        self._mark(direction, src, dst, +1)
+        return self.rt.spawn(self._cpu_later(direction, runs, src, dst, rec))
 
-    def _mark(self, direction: str, pages: Sequence[int], delta: int) -> None:
-        table = self.inflight.reading if direction == D2H else self.inflight.writing
-        for p in pages:
-            table[p] += delta
-            if table[p] <= 0:
-                del table[p]
+    def _mark(self, direction: str, src: Sequence[int], dst: Sequence[int], delta: int) -> None:
+        src_kind, dst_kind = (PAGE, SLOT) if direction == D2H else (SLOT, PAGE)
+        self.inflight.add(src_kind, src, READS, delta)
+        self.inflight.add(dst_kind, dst, WRITES, delta)
 
-    def _cpu_later(self, direction: str, runs: list[tuple[int, int, int]], pages: list[int],
-                   rec: CopyRecord) -> Generator[Event, Any, None]:
+    def _cpu_later(self, direction: str, runs: list[tuple[int, int, int]], src: list[int],
+                   dst: list[int], rec: CopyRecord) -> Generator[Event, Any, None]:
         yield self.rt.sleep(self.cpu_delay_s)
         self._copy(direction, runs, non_blocking=False)
-        self._complete(direction, pages, rec)
+        self._complete(direction, src, dst, rec)
 
-    def _submit_cuda(self, direction: str, runs: list[tuple[int, int, int]], pages: list[int],
-                     rec: CopyRecord) -> Event:
+    def _submit_cuda(self, direction: str, runs: list[tuple[int, int, int]], src: list[int],
+                     dst: list[int], rec: CopyRecord) -> Event:
         stream = self.streams[direction]
         ready = torch.cuda.Event()
         ready.record(self.compute_stream)    # after every step launched so far
@@ -281,20 +269,20 @@ class CudaTransfer:
             start.record(stream)
             self._copy(direction, runs, non_blocking=True)
             end.record(stream)
-        self._mark(direction, pages, +1)
-        return self.rt.spawn(self._poll(direction, pages, rec, start, end))
+        self._mark(direction, src, dst, +1)
+        return self.rt.spawn(self._poll(direction, src, dst, rec, start, end))
 
-    def _poll(self, direction: str, pages: list[int], rec: CopyRecord, start: Any,
+    def _poll(self, direction: str, src: list[int], dst: list[int], rec: CopyRecord, start: Any,
               end: Any) -> Generator[Event, Any, None]:
         while not end.query():
             yield self.rt.sleep(self.poll_s)
         rec.gpu_s = start.elapsed_time(end) / 1e3
         self.counters[direction].gpu_s += rec.gpu_s
-        self._complete(direction, pages, rec)
+        self._complete(direction, src, dst, rec)
 
-    def _complete(self, direction: str, pages: list[int], rec: CopyRecord) -> None:
-        self._check_held(direction, pages, "completed")
-        self._mark(direction, pages, -1)
+    def _complete(self, direction: str, src: list[int], dst: list[int], rec: CopyRecord) -> None:
+        self._check_held(direction, src if direction == D2H else dst, "completed")
+        self._mark(direction, src, dst, -1)
         rec.wall_s = self.rt.now() - rec.submitted_at
 
     # -- reports -------------------------------------------------------------------------

@@ -82,6 +82,24 @@ def test_async_cpu_copy_moves_bytes_at_completion_and_guards_its_pages():
     assert tr.records[-1].wall_s == pytest.approx(DELAY)
 
 
+def test_a_host_slot_is_never_written_while_a_copy_reads_or_writes_it():
+    """The slot half of the rule: a tier handing a slot to a new save while a load still
+    reads it would restore the wrong bytes, and the GPU would not say so."""
+    rt, arena, host, tr = _transfer(DELAY)
+    load = tr.h2d([3], [7])
+    with pytest.raises(PageInFlight, match="a D2H save writes slot 3 while 1 copy in flight reads it"):
+        tr.d2h([9], [3])
+    tr.h2d([3], [8])                                       # two loads may read one slot
+    save = tr.d2h([5], [4])
+    with pytest.raises(PageInFlight, match="an? H2D load reads slot 4 while 1 copy in flight writes it"):
+        tr.h2d([4], [2])
+    tr.peers["p1"] = PinnedHostArena.like(arena, 4, pin=False)
+    with pytest.raises(PageInFlight, match="a peer read writes slot 3"):
+        tr.peer_read("p1", [0], [3])
+    rt.run(until=rt.all_of([load, save]))
+    tr.d2h([9], [3])                                       # free again once both landed
+
+
 def test_pool_checks_catch_a_copy_of_an_unreferenced_page():
     pool = BlockPool(4, 12)
     rt, arena, host, tr = _transfer(DELAY, pool=pool)
