@@ -146,14 +146,17 @@ def test_decode_from_qkv_parts(device, dtype, parts, num_splits, cached):
 def test_default_num_splits_static(monkeypatch):
     import importlib
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
-    monkeypatch.setattr(mod, "MAX_SPLITS", 64)        # the knobs' defaults, whatever the env
+    monkeypatch.setattr(mod, "MAX_SPLITS", 33)        # the knobs' defaults, whatever the env
     monkeypatch.setattr(mod, "MIN_SPLIT_TOKENS", 128)
-    assert K.default_num_splits(1, 8, 40960) == 64
+    assert K.default_num_splits(1, 8, 40960) == 33   # a long graph at bs 1: capped
+    assert K.default_num_splits(1, 8, 8208) == 33    # a served instance's 8k graph
     assert K.default_num_splits(1, 8, 4112) == 33    # bs 1 at 4k: ~125 tokens a split
+    assert K.default_num_splits(1, 8, 1040) == 9     # bs 1 at 1k: 128 tokens a split at least
     assert K.default_num_splits(8, 8, 4112) == 8
     assert K.default_num_splits(256, 8, 40960) == 1
     assert K.default_num_splits(1, 8, 64) == 1       # short contexts are not split
     # the launch knobs' bounds (OPENINFER_DECODE_MAX_SPLITS, _MIN_SPLIT_TOKENS)
+    assert K.default_num_splits(1, 8, 40960, max_splits=64) == 64
     assert K.default_num_splits(1, 8, 16400, max_splits=32) == 32
     assert K.default_num_splits(1, 8, 16400, max_splits=33) == 33
     assert K.default_num_splits(1, 8, 1040, min_tokens=32) == 33

@@ -50,15 +50,16 @@ BLOCK_N = env_choice("OPENINFER_DECODE_BLOCK_N", 32, (16, 32, 64, 128),
                      "tokens per K/V tile of the decode attention")
 WARPS = env_choice("OPENINFER_DECODE_WARPS", 0, (0, 1, 2, 4, 8),
                    "warps per decode program (0: 8 with QKVParts, else 4)")
-# How the KV length is cut (results/gpu/splits_cached_attempt/, H100). CACHED_SPLITS=1 cuts
-# the cached tokens only and hands the newest to the split whose range it continues (or the
-# last): bs32/64 -0.5..-1.6% (no 17th tile for the newest token), but bs1 +1.1..1.5% on a
-# 4k-max graph (32 splits against 33 that already give 32 one-tile splits at 1k, the newest
-# alone in the 33rd). MAX_SPLITS and MIN_SPLIT_TOKENS bound default_num_splits: a graph
-# captured for 16k tokens at bs1 gets 64, where 32 was 2.8-4.4% faster at 1k-16k.
-CACHED_SPLITS = env_choice("OPENINFER_DECODE_CACHED_SPLITS", 0, (0, 1),
+# How the KV length is cut. CACHED_SPLITS=1 cuts the cached tokens only and hands the newest
+# to the split whose range it continues (or the last); MAX_SPLITS and MIN_SPLIT_TOKENS bound
+# default_num_splits. On an H100, side by side in one call (results/gpu/dec06_splits/),
+# graphs captured for 8k tokens as a served instance's are, with 3 GEMM stages too: bs1
+# -5.4% at 1k and -6.9% at 4k, bs8 -2.2%, bs32/64 -0.1..-0.7% (64 splits before). 33, not
+# 32: at a 4k capture 33 splits already give 32 one-tile splits at 1k, and a 33rd for the
+# newest token beats folding it into the 32nd (results/gpu/splits_cached_attempt/).
+CACHED_SPLITS = env_choice("OPENINFER_DECODE_CACHED_SPLITS", 1, (0, 1),
                            "1: split the cached tokens, the newest to one split")
-MAX_SPLITS = env_choice("OPENINFER_DECODE_MAX_SPLITS", 64, (16, 32, 33, 48, 64),
+MAX_SPLITS = env_choice("OPENINFER_DECODE_MAX_SPLITS", 33, (16, 32, 33, 48, 64),
                         "most KV splits a decode row gets")
 MIN_SPLIT_TOKENS = env_choice("OPENINFER_DECODE_MIN_SPLIT_TOKENS", 128, (32, 64, 128),
                               "fewest tokens a split of a full-length context gets")
