@@ -113,9 +113,11 @@ def test_arena_is_checked(model):
 
 
 # Tokens of no sequence get no attention program, so their rows start from uninitialised
-# memory and may overflow on the way through the layers (the interpreter warns); rows are
-# independent and none of them reaches the logits, which is what this test checks.
+# memory and may overflow, or hold NaN, on the way through the layers (the interpreter
+# warns, depending on what that memory held); rows are independent and none of them reaches
+# the logits, which is what this test checks.
 @pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 def test_padded_batch_matches_unpadded(model, sequences):
     """A step padded to a prefill-graph bucket (extra tokens of no sequence, extra empty
     sequences) computes the real rows' logits exactly as the unpadded step, and the padding
