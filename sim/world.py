@@ -16,6 +16,7 @@ from typing import Any
 
 from openinfer.errors import require
 from openinfer.kv import BlockPool, HostTier, KvStore, MetaServer, PeerDirectory, PeerTier, Rank
+from openinfer.kv.config import StoreConfig
 from openinfer.kv.pool import check_block_size
 from openinfer.runtime import OrderSpec, SimRuntime
 from openinfer.scheduler import Engine, Role, SchedulerConfig, SchedulerSwitches
@@ -52,6 +53,8 @@ class WorldConfig:
     max_prefill_tokens: int = 1024
     max_decode_batch: int = 256
     max_context_tokens: int = 40960
+    decode_full_hit: bool = False        # a decode instance's resolve waits for the full hit (SchedulerConfig)
+    resolve_deadline_s: float = 15.0     # how long a resolve may wait before it degrades (StoreConfig)
     seed: int = 0
     order: str = "fifo"                  # tie-break among simultaneous events: fifo / random / pct
     output_mode: str = "max_tokens"      # max_tokens (+ignore_eos) or eos (EOS at output_len)
@@ -89,6 +92,7 @@ class WorldConfig:
         check_block_size(self.block_size, "world.block_size")
         OrderSpec(self.order)
         self.scheduler_config()
+        StoreConfig(resolve_deadline_s=self.resolve_deadline_s)
         AbortSpec(self.abort_probability, self.abort_after_s)
         MonitorConfig(check_pool_every=self.monitor_pool_every)
 
@@ -96,7 +100,8 @@ class WorldConfig:
                          ) -> SchedulerConfig:
         return SchedulerConfig(max_prefill_tokens=self.max_prefill_tokens, max_decode_batch=self.max_decode_batch,
                                max_context_tokens=self.max_context_tokens, prefix_cache=self.prefix_cache,
-                               role=role, switches=switches or SchedulerSwitches())
+                               role=role, decode_full_hit=self.decode_full_hit,
+                               switches=switches or SchedulerSwitches())
 
 
 @dataclass
@@ -169,7 +174,7 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
     elif host_pages > 0:
         host = HostTier(rt, host_pages, transfer, inline_saves=not held)  # held: saves start as the real ones do
     sizing["host_pages"] = host_pages
-    store = KvStore(rt, [Rank(pool, host)], v.store_config())
+    store = KvStore(rt, [Rank(pool, host)], v.store_config(resolve_deadline_s=cfg.resolve_deadline_s))
     sm = step_model or RooflineStepModel(geo, hw)
     executor = (HostHeldExecutor if held else SimExecutor)(rt, sm, vocab_size=geo.vocab_size, seed=cfg.seed)
     sched = cfg.scheduler_config(role, v.scheduler_switches())

@@ -69,6 +69,7 @@ class StoreConf:
     host_tier_gib: float = default(WorldConfig, "host_tier_gib")
     prefix_cache: bool = default(WorldConfig, "prefix_cache")
     transfer: str = default(WorldConfig, "transfer")
+    resolve_deadline_s: float = default(WorldConfig, "resolve_deadline_s")
 
 
 @dataclass
@@ -77,6 +78,7 @@ class SchedulerConf:
     max_decode_batch: int = default(WorldConfig, "max_decode_batch")
     max_context_tokens: int = default(WorldConfig, "max_context_tokens")
     order: str = default(WorldConfig, "order")
+    decode_full_hit: bool = default(WorldConfig, "decode_full_hit")
 
 
 @dataclass

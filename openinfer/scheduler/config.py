@@ -46,7 +46,10 @@ class SchedulerConfig:
     prefix_cache: bool = True
     lora_control: bool = False        # the LoRA-control engine (Generate + Control channel)
     role: Role = Role.MIXED
-    decode_full_hit: bool = True      # decode role resolves with wait_for_full_hit
+    # The decode role's resolve: the PR's qwen3 decode role uses the plain policy (a Miss is
+    # a cold prefill at once, spec 5.11); True waits for the full hit until the resolve
+    # deadline, as HEAD's glm52 decode side does.
+    decode_full_hit: bool = False
     request_local_chunks: bool = False
     resolve_poll_interval_s: float = 0.005
     idle_tick_s: float = 0.001        # a scheduler pass with no plan: the Rust loop spins

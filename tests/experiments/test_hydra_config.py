@@ -81,3 +81,27 @@ def test_the_workload_group_builds_through_the_shared_flat_form() -> None:
         workload_from_flat(dict(kind="random", qps=3))
     with pytest.raises(ConfigError, match="workload.kind"):
         workload_from_flat(dict(kind="trace"))
+
+
+@pytest.mark.parametrize("full_hit", [False, True])
+def test_the_decode_policy_and_the_resolve_deadline_reach_the_instances(full_hit) -> None:
+    """``scheduler.decode_full_hit`` and ``store.resolve_deadline_s`` are read by the decode
+    instance's engine and by every store, not only accepted."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from experiments.config.build import build
+    from experiments.config.preflight import CONF_DIR
+    from experiments.config.schema import register
+    from sim.cluster import build_cluster
+
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["variant=fixed", f"scheduler.decode_full_hit={full_hit}",
+                                           "store.resolve_deadline_s=3"])
+    GlobalHydra.instance().clear()
+    cluster = build_cluster(build(cfg).clusters["fixed"])
+    policies = {w.engine.name: w.engine.hub.policy.wait_for_full_hit for w in cluster.instances}
+    assert policies == {"prefill0": False, "decode0": full_hit}
+    assert {w.store.config.resolve_deadline_s for w in cluster.instances} == {3.0}
