@@ -20,6 +20,9 @@ T = TypeVar("T")
 def parse_overrides(cls: type[T], argv: list[str]) -> T:
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    if any(a in ("-h", "--help") for a in argv):
+        print(usage(cls, hints))
+        raise SystemExit(0)
     values: dict[str, Any] = {}
     for arg in argv:
         key, sep, raw = arg.partition("=")
@@ -33,6 +36,23 @@ def parse_overrides(cls: type[T], argv: list[str]) -> T:
     if check_read is not None:   # keys the config's own choices leave unread: refuse, not drop
         check_read(set(values))
     return cfg
+
+
+def usage(cls: type, hints: dict[str, Any]) -> str:
+    """The command's module docstring, then every key with its type and default."""
+    mod = sys.modules.get("__main__")
+    doc = (getattr(mod, "__doc__", None) or cls.__doc__ or "").strip()
+    lines = [doc, "", "keys (key=value; each optional):"] if doc else ["keys (key=value; each optional):"]
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = repr(f.default_factory())  # type: ignore[misc]
+        else:
+            default = "(required)"
+        typ = getattr(hints[f.name], "__name__", str(hints[f.name]))
+        lines.append(f"  {f.name:<24} {typ:<14} default {default}")
+    return "\n".join(lines)
 
 
 def _coerce(key: str, raw: str, typ: Any) -> Any:

@@ -87,8 +87,10 @@ VARIANTS = {
 
 
 def variant(name: str) -> Variant:
-    """``fixed``, ``pr829``, or ``fixed+F1[+H16...]`` (bugs planted on top of a base)."""
-    base, *extra = name.split("+")
+    """``fixed``, ``pr829``, or ``fixed+F1[+H16...]`` (bugs planted on top of a base).
+    ``_`` may stand for ``+`` (``fixed_F2``): a Hydra preset's file name cannot hold a ``+``,
+    and one spelling should work in every command."""
+    base, *extra = name.replace("_", "+").split("+")
     if base not in VARIANTS:
         raise ConfigError("variant", name, f"fixed, pr829, or fixed+<bug>[+<bug>...] with bugs {', '.join(BUGS)}")
     v = VARIANTS[base]

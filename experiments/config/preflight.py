@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from experiments.config.build import build
 from experiments.config.schema import GROUPS, register
 from openinfer.errors import ConfigError
+from openinfer.variants import variant as parse_variant
 from sim.workload_spec import KIND_ONLY_KEYS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -109,6 +110,14 @@ def _options(group: str, config_name: str) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
+def _is_variant(name: str) -> bool:
+    try:
+        parse_variant(name)
+    except ConfigError:
+        return False
+    return True
+
+
 def explain(err: BaseException, config_name: str = "config") -> str:
     """One line naming the key, the value and what is accepted."""
     if isinstance(err, ConfigError):
@@ -127,11 +136,16 @@ def explain(err: BaseException, config_name: str = "config") -> str:
         shown = f"{value!r}" if value is not None else re.sub(r"^Value '(.*?)'.*", r"'\1'", msg)
         return f"{full_key}={shown} is invalid: expected {expected}"
     text = str(err)
-    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)   # the group may be nested: hydra/sweeper
     if isinstance(err, MissingConfigException) or m:
         if m:
             group, option = m.group(1), m.group(2)
             opts = _options(group, config_name)
+            if group == "variant" and _is_variant(option):
+                return (f"variant={option} is invalid: expected a preset, one of {', '.join(opts)}; "
+                        f"any mix runs as variant.names=[{option}]")
+            if group.startswith("hydra/"):
+                opts.append("or an installed Hydra plugin's")
             return f"{group}={option} is invalid: expected one of {', '.join(opts)}"
     m = re.search(r"Could not override '([^']+)'", text)
     if m:

@@ -17,6 +17,8 @@ from openinfer.errors import ConfigError
     (["workload.qps=-1"], "workload.qps", "> 0"),
     (["store.num_blocks=1"], "store.num_blocks", ">= 2"),
     (["variant=foo"], "variant=foo", "pr829"),
+    (["variant=fixed+H9"], "variant=fixed+H9", "variant.names=[fixed+H9]"),   # a mix, not a preset
+    (["hydra/sweeper=host_tir"], "hydra/sweeper=host_tir", "host_tier"),
     (["+workload.zz=1"], "workload.zz", "num_requests"),
     (["faults.schedule.0.port=xx"], "faults.schedule[0].port", "metaserver"),
     (["experiment.objective=nope"], "experiment.objective", "p99_ttft_ms"),

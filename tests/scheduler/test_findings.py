@@ -38,7 +38,7 @@ def build(variant_name: str, num_blocks: int, *, host_blocks: int = 4096, role: 
           peer: bool = False, lora_control: bool = False, **sched: object) -> World:
     v = variant(variant_name)
     rt = SimRuntime(seed=0)
-    pool = BlockPool(BS, num_blocks)
+    pool = BlockPool(BS, num_blocks, entitlement=v.pool_entitlement)   # fixed: no H1 either
     meta = None
     if peer:
         meta = MetaServer(rt)

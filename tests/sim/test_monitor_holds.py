@@ -39,7 +39,7 @@ def _rig(variant_name: str = "fixed", **sched: object) -> Rig:
     """One decode slot, so a request behind a long one waits in the queue with its hold."""
     v = variant(variant_name)
     rt = SimRuntime(seed=0)
-    pool = BlockPool(BS, 64)
+    pool = BlockPool(BS, 64, entitlement=v.pool_entitlement)
     store = KvStore(rt, [Rank(pool)], v.store_config())
     ex = FakeExecutor(rt, vocab_size=1000, eos_token=999)
     eng = Engine(rt, store, ex, SchedulerConfig(max_decode_batch=1, switches=v.scheduler_switches(), **sched))

@@ -3,6 +3,8 @@ same seed gives a byte-identical report."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -103,6 +105,16 @@ def test_simulate_names_its_own_keys_and_refuses_keys_its_workload_never_reads(a
     with pytest.raises(ConfigError) as err:
         parse_overrides(SimulateConfig, argv)
     assert str(err.value).startswith(named), str(err.value)
+
+
+def test_help_lists_every_key_with_its_default_and_runs_nothing(capsys) -> None:
+    from experiments.cli import parse_overrides
+    with pytest.raises(SystemExit) as stop:
+        parse_overrides(SimulateConfig, ["qps=3", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert all(f"  {f.name} " in out for f in dataclasses.fields(SimulateConfig))
+    assert "default 'chat'" in out          # the workload key's default
 
 
 def test_a_held_host_replays_exactly_and_delays_first_tokens() -> None:
