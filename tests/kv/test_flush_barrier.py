@@ -215,3 +215,46 @@ def test_stalled_save_barrier_times_out_with_the_default_deadline():
     assert flush.triggered and flush.value.timed_out
     assert flush.value.finished_at - flush.value.started_at == pytest.approx(5.0)
     assert w.store.stats.flush_timeouts == 1
+
+
+def test_a_barrier_waits_for_the_registrations_queued_before_it_not_for_later_ones():
+    """Regression (review, 2026-12-06): the barrier waited for an empty registration queue.
+    With saves arriving faster than the MetaServer registers them (25/s against 20/s) the
+    queue never empties, so every barrier ran into its deadline and reported its request's
+    KV as degraded although its own saves were registered within 0.2 s."""
+    from openinfer.kv import RequestKv, salt_hash
+    rt = SimRuntime(0)
+    pool = BlockPool(16, 4000)
+    meta = MetaServer(rt, rpc_latency_s=0.05)
+    tier = PeerTier(rt, 100_000, InstantTransfer(rt), name="p0", namespace=NS, metaserver=meta,
+                    directory=PeerDirectory())
+    store = KvStore(rt, [Rank(pool, tier)], StoreConfig())
+    records = []
+
+    def producer():
+        for i in range(500):
+            kv = RequestKv(pool, [10_000 * i + j for j in range(16)], 1, salt_hash())
+            kv.schedule_prefill(16)
+            kv.apply_prefill(next_token=0)
+            cursor = SaveCursor()
+            store.seal(0, kv, cursor, SaveClass.CACHEABLE)
+            kv.release()
+            records.append(cursor.records[0])
+            yield rt.sleep(0.04)
+
+    out = {}
+
+    def barrier():
+        yield rt.sleep(0.85)
+        mine = list(records)                     # every save submitted before the barrier
+        out["outcome"] = yield store.flush_saves(0)
+        out["at"], out["mine"], out["queued_then"] = rt.now(), mine, len(tier._queue)
+
+    rt.spawn(producer())
+    rt.spawn(barrier())
+    rt.run(until=30)
+    outcome = out["outcome"]
+    assert outcome.ok and not outcome.timed_out
+    assert all(r.registered_at is not None and r.registered_at <= out["at"] for r in out["mine"])
+    assert out["at"] < 0.85 + 1.0                # not the 5 s deadline
+    assert out["queued_then"] > 0                # later registrations were still queued
