@@ -41,6 +41,7 @@ class Rank:
     tier: Tier | None = None
     pinned: int = 0
     loads: list[Process] = field(default_factory=list)
+    loads_closed: bool = False    # a teardown barrier began: no restore may start after it
 
 
 class KvStore:
@@ -152,6 +153,10 @@ class KvStore:
             tier.release(lease)
             reservation.release()
             return self._cancelled(out, probe)
+        if rank.loads_closed:   # the arena is being torn down: a DMA now could outlive it
+            tier.release(lease)
+            reservation.release()
+            return self._finish(r, probe, out, DegradeReason.TIER_ERROR)
         for obs in self.observers:
             obs("load_started", dict(req_id=req_id, blocks=len(reservation), time=rt.now()))
         load = tier.load(lease, reservation.pages)
@@ -283,9 +288,15 @@ class KvStore:
             return
         self.flushes.start(tier, then)
 
-    def flush_loads(self, r: int = 0) -> Process:
-        """Wait for every tracked restore DMA, abandoned ones included (teardown barrier)."""
-        loads = [p for p in self.rank(r).loads if not p.triggered]
+    def flush_loads(self, r: int = 0, close: bool = True) -> Process:
+        """Wait for every tracked restore DMA, abandoned ones included: the teardown barrier
+        before the arenas are freed. ``close`` (HEAD's): no restore starts after it, since a
+        resolve waiting at its query would otherwise start a DMA into memory about to go.
+        ``settle`` waits without closing."""
+        rank = self.rank(r)
+        if close and self.config.track_loads:
+            rank.loads_closed = True
+        loads = [p for p in rank.loads if not p.triggered]
 
         def drain() -> Generator[Event, Any, int]:
             if loads:
@@ -299,7 +310,7 @@ class KvStore:
         precede its request's last D2H)."""
         def both() -> Generator[Event, Any, None]:
             yield self.flush_saves(r)
-            yield self.flush_loads(r)
+            yield self.flush_loads(r, close=False)
         return self.rt.spawn(both())
 
     # -- quiescence -------------------------------------------------------------------

@@ -630,3 +630,37 @@ def test_resolve_probe_does_not_pin_into_the_entitlement_floor(respect):
         admitted.apply_decode(1)
     admitted.release()
     assert pool.entitled == 0
+
+
+def test_no_restore_starts_after_the_teardown_barrier():
+    """Regression (review, 2026-12-06): flush_loads drained the loads it found but did not
+    close the tracker, so a resolve waiting at its query started a DMA afterwards, into an
+    arena the caller was about to free. HEAD closes it; ``settle`` waits without closing."""
+    from openinfer.backend.transfer import InstantTransfer
+    from openinfer.kv import BlockPool, Gate, HostTier, KvStore, Rank
+    from openinfer.kv.prefix import NeverCancelled
+    from openinfer.runtime import SimRuntime
+    rt = SimRuntime(0)
+    pool = BlockPool(16, 64, entitlement=True)
+    host = HostTier(rt, 100, InstantTransfer(rt))
+    store = KvStore(rt, [Rank(pool, host)], StoreConfig())
+    prompt = list(range(1, 66))
+    kv = RequestKv(pool, prompt, 1, salt_hash())
+    kv.schedule_prefill(65)
+    kv.apply_prefill(next_token=0)
+    store.seal(0, kv, SaveCursor(), SaveClass.CACHEABLE)
+    kv.release()
+    rt.run(until=store.settle(0))
+    assert not store.rank(0).loads_closed              # settle is not a teardown
+    pool.evict_inactive()
+    query = host.ports.install("query", Gate(rt))
+    resolve = store.resolve_prefix(0, "r1", prompt, CacheScope(), ResolvePolicy(), NeverCancelled())
+    rt.run(until=0.01)
+    barrier = store.flush_loads(0)
+    rt.run(until=0.02)
+    assert barrier.triggered and barrier.value == 0
+    query.release_all()                                # the tier answers the waiting query: a hit
+    rt.run(until=resolve)
+    assert host.loads_in_flight == 0 and store.stats.resolve_loaded_blocks == 0
+    assert resolve.value.outcome.degraded is DegradeReason.TIER_ERROR
+    assert host.open_leases() == 0 and store.quiescent(0) == []
