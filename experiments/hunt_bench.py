@@ -4,8 +4,8 @@
 
 For each master seed the hunter runs until every finding's invariant is found (or the
 budget ends); prints, per finding, the median wall time to find (shrinking included, as
-reported) and the median run count, and the escapes. Then runs ``fixed`` for the same
-number of runs as the slowest hunt to report its violations and runs per second.
+reported) and the median run count, and the escapes. Then runs ``fixed`` for
+``fixed_runs`` runs (10,000 by default) to report its violations and runs per second.
 """
 
 from __future__ import annotations

@@ -212,6 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     if len(tables) != 1 or set(opts) - {"out"}:
         print("usage: python -m experiments.plots TABLE.csv [out=DIR]", file=sys.stderr)
         raise SystemExit(2)
+    if not Path(tables[0]).is_file():
+        print(f"error: {tables[0]} is not a file: expected a table written by "
+              "python -m experiments.collect MULTIRUN_DIR out=TABLE.csv", file=sys.stderr)
+        raise SystemExit(2)
     out = Path(opts.get("out", Path(tables[0]).parent))
     for p in sweep_figures(read_table(tables[0]), out):
         print(p)

@@ -30,6 +30,10 @@ from openinfer.kv.tier import QueryKind, QueryResult, SaveRecord
 from openinfer.runtime import Runtime
 
 
+GC_EVERY_S = 60.0        # pegaflow's GC period (spec 4.4)
+STALE_FETCH_S = 300.0    # fetch state older than this is abandoned
+
+
 @dataclass
 class _Fetch:
     process: Process
@@ -59,6 +63,7 @@ class PeerTier(HostTier):
         self._settled = 0
         self._drain_waiters: list[tuple[int, Event]] = []
         self._fetches: dict[str, _Fetch] = {}
+        self._next_gc = GC_EVERY_S   # pegaflow's GC pass, run lazily by the next query
         self.counters.update(registrations=0, registrations_dropped=0, registration_errors=0,
                              remote_fetches=0, remote_blocks=0, remote_failures=0)
         directory.add(name, self)
@@ -113,6 +118,9 @@ class PeerTier(HostTier):
     # -- consumer: remote fetch -------------------------------------------------------
     def answer(self, req_id: str, hashes: list[BlockHash],
                wait_full: bool) -> Generator[Event, Any, QueryResult]:
+        if self.rt.now() >= self._next_gc:
+            self.stale_fetches()
+            self._next_gc = self.rt.now() + GC_EVERY_S
         k = self.resident_prefix(hashes)
         fetch = self._fetches.get(req_id)
         if k < len(hashes):
@@ -163,8 +171,9 @@ class PeerTier(HostTier):
             return None
         return self.grant_lease(hashes[:k], ttl_s=self.transfer_lock_ttl_s)
 
-    def stale_fetches(self, older_than_s: float = 300.0) -> int:
-        """GC of abandoned fetch state (pegaflow: > 5 min)."""
+    def stale_fetches(self, older_than_s: float = STALE_FETCH_S) -> int:
+        """GC of abandoned fetch state (pegaflow: > 5 min): a resolve that gave up at its
+        deadline while its fetch ran never asks again, so its entry would stay forever."""
         now = self.rt.now()
         stale = [k for k, f in self._fetches.items()
                  if f.process.triggered and now - f.started_at > older_than_s]

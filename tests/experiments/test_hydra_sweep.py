@@ -53,3 +53,10 @@ def test_slurm_launcher_config_composes() -> None:
         cfg = compose("sweep", overrides=["hydra/sweeper=host_tier"], return_hydra_config=True)
         assert "Optuna" in cfg.hydra.sweeper._target_
     GlobalHydra.instance().clear()
+
+
+def test_plots_of_a_missing_table_says_what_it_expected(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        plots.main([str(tmp_path / "nope.csv")])
+    assert stop.value.code == 2
+    assert "experiments.collect" in capsys.readouterr().err

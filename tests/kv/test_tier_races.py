@@ -130,3 +130,26 @@ def test_another_save_cannot_evict_a_block_a_save_in_flight_counts_as_saved():
     assert first.done.value.ok and tier.contains(a) and tier.contains(b)
     rt.run(until=second.done)
     assert not second.done.value.ok
+
+
+def test_fetch_state_a_resolve_abandoned_is_collected_after_five_minutes():
+    """Regression (review, 2026-12-06): stale_fetches existed but nothing called it, so the
+    fetch entry of a resolve that gave up at its deadline (and never asks again) stayed for
+    the life of the tier. pegaflow's GC runs every 60 s; here the next query runs it."""
+    from openinfer.backend.transfer import InstantTransfer
+    from openinfer.kv import MetaServer, PeerDirectory, PeerTier
+    from openinfer.kv.hashing import block_hashes
+    from openinfer.kv import salt_hash
+    from openinfer.kv.peer_tier import STALE_FETCH_S
+    from openinfer.runtime import SimRuntime
+    rt = SimRuntime(0)
+    meta = MetaServer(rt)
+    tier = PeerTier(rt, 64, InstantTransfer(rt), name="d0", namespace="ns", metaserver=meta,
+                    directory=PeerDirectory())
+    hashes = block_hashes(list(range(64)), 16, salt_hash())
+    rt.run(until=tier.query("abandoned", hashes, False))    # a miss: a fetch starts, then settles
+    rt.run(until=1.0)
+    assert "abandoned" in tier._fetches                     # nobody asks for it again
+    rt.run(until=STALE_FETCH_S + 61.0)
+    rt.run(until=tier.query("other", hashes[:1], False))
+    assert "abandoned" not in tier._fetches
