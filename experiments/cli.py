@@ -39,8 +39,9 @@ def parse_overrides(cls: type[T], argv: list[str]) -> T:
 
 
 def usage(cls: type, hints: dict[str, Any]) -> str:
-    """The command's module docstring, then every key with its type and default."""
-    mod = sys.modules.get("__main__")
+    """The docstring of the command (the module that defines its config), then every key
+    with its type and default."""
+    mod = sys.modules.get(cls.__module__)
     doc = (getattr(mod, "__doc__", None) or cls.__doc__ or "").strip()
     lines = [doc, "", "keys (key=value; each optional):"] if doc else ["keys (key=value; each optional):"]
     for f in dataclasses.fields(cls):

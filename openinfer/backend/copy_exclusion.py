@@ -48,7 +48,14 @@ def race_message(what: str, verb: str, kind: str, race: Race, where: str = "") -
     """'a D2H save writes slot 3 on sim0 while 1 copy in flight reads it'."""
     held = [f"{n} cop{'y' if n == 1 else 'ies'} in flight {v}{'s' if n == 1 else ''} it"
             for n, v in ((race.readers, "read"), (race.writers, "write")) if n]
-    return f"a {what} {verb} {kind} {race.index}{where} while {' and '.join(held)}"
+    return f"{_article(what)} {what} {verb} {kind} {race.index}{where} while {' and '.join(held)}"
+
+
+def _article(what: str) -> str:
+    """'an H2D load', 'a D2H save', 'a step': an initialism takes the sound of its letter's name."""
+    word = what.split()[0]
+    vowel_sound = word[0] in "AEFHILMNORSX" if word.isupper() else word[0].lower() in "aeiou"
+    return "an" if vowel_sound else "a"
 
 
 class InFlightCounts:

@@ -173,7 +173,8 @@ class PeerTier(HostTier):
 
     def stale_fetches(self, older_than_s: float = STALE_FETCH_S) -> int:
         """GC of abandoned fetch state (pegaflow: > 5 min): a resolve that gave up at its
-        deadline while its fetch ran never asks again, so its entry would stay forever."""
+        deadline while its fetch ran never asks again, so its entry would stay forever. Only
+        settled fetches go: one still waiting on its MetaServer lookup keeps its entry."""
         now = self.rt.now()
         stale = [k for k, f in self._fetches.items()
                  if f.process.triggered and now - f.started_at > older_than_s]

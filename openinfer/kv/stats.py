@@ -11,6 +11,7 @@ class DegradeReason(Enum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     TIER_ERROR = "tier_error"
     POOL_PRESSURE = "pool_pressure"
+    CLOSED = "closed"            # the rank's teardown barrier began: no restore may start
 
 
 @dataclass
@@ -33,6 +34,7 @@ class StoreStats:
     degraded_deadline_exceeded: int = 0
     degraded_tier_error: int = 0
     degraded_pool_pressure: int = 0
+    degraded_closed: int = 0
 
     def degrade(self, reason: DegradeReason) -> None:
         self.resolve_degraded += 1

@@ -122,6 +122,8 @@ class KvStore:
         while True:
             if self._cancelled_now(cancel):
                 return self._cancelled(out, probe)
+            if rank.loads_closed:   # no restore could start: do not query, lease or wait
+                return self._finish(r, probe, out, DegradeReason.CLOSED)
             query = tier.query(req_id, wanted, policy.wait_for_full_hit)
             out.queries += 1
             answered = yield from rt.wait(query, deadline)
@@ -153,10 +155,10 @@ class KvStore:
             tier.release(lease)
             reservation.release()
             return self._cancelled(out, probe)
-        if rank.loads_closed:   # the arena is being torn down: a DMA now could outlive it
+        if rank.loads_closed:   # closed while this resolve waited: a DMA now could outlive the arena
             tier.release(lease)
             reservation.release()
-            return self._finish(r, probe, out, DegradeReason.TIER_ERROR)
+            return self._finish(r, probe, out, DegradeReason.CLOSED)
         for obs in self.observers:
             obs("load_started", dict(req_id=req_id, blocks=len(reservation), time=rt.now()))
         load = tier.load(lease, reservation.pages)

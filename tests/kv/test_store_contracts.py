@@ -662,5 +662,9 @@ def test_no_restore_starts_after_the_teardown_barrier():
     query.release_all()                                # the tier answers the waiting query: a hit
     rt.run(until=resolve)
     assert host.loads_in_flight == 0 and store.stats.resolve_loaded_blocks == 0
-    assert resolve.value.outcome.degraded is DegradeReason.TIER_ERROR
+    assert resolve.value.outcome.degraded is DegradeReason.CLOSED
     assert host.open_leases() == 0 and store.quiescent(0) == []
+    later = store.resolve_prefix(0, "r2", prompt, CacheScope(), ResolvePolicy(), NeverCancelled())
+    rt.run(until=later)                                # after it: no query at all
+    assert later.value.outcome.degraded is DegradeReason.CLOSED and later.value.outcome.queries == 0
+    assert store.stats.degraded_closed == 2 and store.stats.degraded_tier_error == 0

@@ -132,7 +132,7 @@ def test_another_save_cannot_evict_a_block_a_save_in_flight_counts_as_saved():
     assert not second.done.value.ok
 
 
-def test_fetch_state_a_resolve_abandoned_is_collected_after_five_minutes():
+def test_settled_fetch_state_a_resolve_abandoned_is_collected_after_five_minutes():
     """Regression (review, 2026-12-06): stale_fetches existed but nothing called it, so the
     fetch entry of a resolve that gave up at its deadline (and never asks again) stayed for
     the life of the tier. pegaflow's GC runs every 60 s; here the next query runs it."""

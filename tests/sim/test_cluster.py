@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from openinfer.scheduler import EventKind, GenerateRequest
 from sim.cluster import ClusterConfig, build_cluster
 from sim.monitors import Monitor
@@ -14,8 +16,13 @@ def _prompt(i: int, n: int) -> list[int]:
     return [(i * 7919 + k * 31) % 150000 for k in range(n)]
 
 
-def test_pd_decode_hit_equals_the_prefix_the_prefill_instance_saved() -> None:
-    c = build_cluster(ClusterConfig(world=WorldConfig(num_blocks=2000, block_size=BS), mixed=0, prefill=1, decode=1))
+@pytest.mark.parametrize("full_hit", [False, True], ids=["plain", "full_hit"])
+def test_pd_decode_hit_equals_the_prefix_the_prefill_instance_saved(full_hit: bool) -> None:
+    """Under either decode policy (the PR's plain one, HEAD glm52's full-hit wait): the
+    router forwards after P's KV-ready Finished, so D finds every block P sealed."""
+    c = build_cluster(ClusterConfig(world=WorldConfig(num_blocks=2000, block_size=BS, decode_full_hit=full_hit),
+                                    mixed=0, prefill=1, decode=1))
+    assert c.instances[1].engine.hub.policy.wait_for_full_hit is full_hit
     monitors = [Monitor(w.engine, w.store, heal_s=0.0) for w in c.instances]
     lengths = [100, 257, 640, 1500]
     handles = [c.router.submit(GenerateRequest(_prompt(i, n), 8)) for i, n in enumerate(lengths)]
