@@ -62,6 +62,16 @@ class CopyLedger:
             raise InvariantViolation("copy_exclusive", self.rt.now(),
                                      race_message(what, verb, kind, race, where))
 
+    def in_flight(self, kind: str, verb: str) -> set[Event]:
+        """Landing events of the copies in flight that read (or write) a ``kind``: what a
+        teardown must wait for before the memory goes."""
+        table = (self._readers if verb == READS else self._writers)[kind]
+        return {e for events in table.values() for e in events if _in_flight(e)}
+
+    @staticmethod
+    def still_in_flight(events: set[Event]) -> int:
+        return sum(_in_flight(e) for e in events)
+
     def _sweep(self) -> None:
         live = 0
         for table in (*self._readers.values(), *self._writers.values()):

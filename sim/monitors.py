@@ -10,7 +10,7 @@ Safety (every scheduler tick): ``page_conservation``, ``held_page_integrity``,
 ``control_linearizability``, ``single_charge_admission``, ``load_snapshot_counts_resolves``,
 ``resolve_observes_cancel``. Liveness (only once every fault has healed):
 ``admission_liveness``, ``bounded_terminal_event``, ``progress_at_one_instant`` (any time). End of run: ``quiescence``,
-``no_lease_leak``, ``teardown_drains_loads``. At the copy engines (``sim/copy_ledger.py``, on
+``no_lease_leak``, ``teardown_drains_loads``, ``teardown_drains_saves``. At the copy engines (``sim/copy_ledger.py``, on
 every submitted copy): ``copy_exclusive``.
 """
 
@@ -38,7 +38,7 @@ INVARIANTS = (
     "kv_ready_after_registration", "barrier_covers_prior_saves", "control_linearizability", "single_charge_admission",
     "load_snapshot_counts_resolves", "resolve_observes_cancel", "admission_liveness",
     "bounded_terminal_event", "progress_at_one_instant", "quiescence", "no_lease_leak", "teardown_drains_loads",
-    "copy_exclusive",
+    "teardown_drains_saves", "copy_exclusive",
 )
 
 
@@ -439,3 +439,11 @@ class Monitor:
         if still:
             self.fail("teardown_drains_loads",
                       f"flush_loads returned while {len(still)} restore DMA(s) still write GPU pages")
+
+    def check_teardown_saves(self, reading: int) -> None:
+        """A teardown whose save flush said drained: no save it began with may still read
+        GPU pages (``reading``: those still in flight, from the copy ledger)."""
+        if reading:
+            self.fail("teardown_drains_saves",
+                      f"the teardown's flush_saves reported drained while {reading} save D2H(s) "
+                      "it began with still read GPU pages")

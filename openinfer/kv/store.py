@@ -44,6 +44,16 @@ class Rank:
     loads_closed: bool = False    # a teardown barrier began: no restore may start after it
 
 
+@dataclass(frozen=True)
+class TeardownOutcome:
+    loads_drained: bool   # every restore DMA landed (and none may start): the arena is safe from H2D
+    saves_drained: bool   # every save landed and is visible: no D2H still reads the arena
+
+    @property
+    def arena_free(self) -> bool:
+        return self.loads_drained and self.saves_drained
+
+
 class KvStore:
     """Resolve / seal / retire / flush over a frozen table of ranks."""
 
@@ -305,6 +315,21 @@ class KvStore:
                 yield self.rt.all_of(loads)
             return len(loads)
         return self.rt.spawn(drain())
+
+    def teardown(self, r: int = 0, limit_s: float = 5.0,
+                 on_loads: Callable[[bool], None] | None = None) -> Process:
+        """HEAD's teardown (spec 3.9): ``flush_loads`` (closing the tracker), then
+        ``flush_saves``, each bounded by ``limit_s``. The value says which drained; where one
+        did not, a DMA may still touch the arena, and the caller must leak it, not free it.
+        ``on_loads`` hears the first phase's answer the moment it is known."""
+        def both() -> Generator[Event, Any, TeardownOutcome]:
+            loads_drained = yield from self.rt.wait(self.flush_loads(r), self.rt.now() + limit_s)
+            if on_loads is not None:
+                on_loads(loads_drained)
+            saves = self.flush_saves(r)
+            landed = yield from self.rt.wait(saves, self.rt.now() + limit_s)
+            return TeardownOutcome(loads_drained, landed and saves.value.ok)
+        return self.rt.spawn(both())
 
     def settle(self, r: int = 0) -> Process:
         """Every save submitted so far visible, then every restore landed: what "at rest"

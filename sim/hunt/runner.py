@@ -12,6 +12,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from openinfer.backend.copy_exclusion import PAGE, READS
 from openinfer.backend.fake_executor import FakeExecutor
 from openinfer.kv import (BlockPool, HostTier, KvStore, MetaServer, PeerDirectory, PeerTier, Rank,
                           RequestKv, SaveClass, SaveCursor, salt_hash)
@@ -180,12 +181,20 @@ def run_scenario(sc: Scenario, monitor_config: MonitorConfig | None = None) -> R
 
 
 def _teardown(w: _World, mon: Monitor) -> Generator[Any, Any, None]:
-    """The bounded teardown barrier: once flush_loads says drained, no DMA may still write."""
-    began_with = mon.loads_now()
-    drained = yield from w.rt.wait(w.store.flush_loads(0), w.rt.now() + TEARDOWN_S)
-    mon.note(f"teardown: flush_loads drained={drained}")
-    if drained:
-        mon.check_teardown(began_with)
+    """HEAD's bounded teardown (loads, then saves): what it says drained must have landed."""
+    loads = mon.loads_now()
+    ledger = getattr(w.tier.transfer, "ledger", None)
+    saves = ledger.in_flight(PAGE, READS) if ledger is not None else set()
+
+    def loads_phase(drained: bool) -> None:
+        mon.note(f"teardown: flush_loads drained={drained}")
+        if drained:
+            mon.check_teardown(loads)
+
+    out = yield w.store.teardown(0, TEARDOWN_S, on_loads=loads_phase)
+    mon.note(f"teardown: flush_saves drained={out.saves_drained}")
+    if out.saves_drained and ledger is not None:
+        mon.check_teardown_saves(ledger.still_in_flight(saves))
 
 
 def _teardown_at(w: _World, mon: Monitor, t: float) -> Generator[Any, Any, None]:

@@ -258,3 +258,28 @@ def test_a_barrier_waits_for_the_registrations_queued_before_it_not_for_later_on
     assert all(r.registered_at is not None and r.registered_at <= out["at"] for r in out["mine"])
     assert out["at"] < 0.85 + 1.0                # not the 5 s deadline
     assert out["queued_then"] > 0                # later registrations were still queued
+
+
+@pytest.mark.parametrize("config, drained", [(StoreConfig(), False), (StoreConfig.pr829(), True)],
+                         ids=["fixed", "pr829"])
+def test_teardown_says_the_arena_is_free_only_once_no_save_reads_it(config, drained):
+    """HEAD's teardown (spec 3.9): loads, then saves, each bounded. A save an earlier
+    barrier took is still reading GPU pages: the chained store's teardown waits for it and,
+    at its bound, says the arena must be leaked; the PR's unchained one (F2) says it may be
+    freed while that D2H still reads it."""
+    w = World(config=config, gated=("save",))
+    gate = w.gates["save"]
+    s1 = _seal(w.store, w.pool, prompt(33, family=1))
+    w.advance()
+    w.ports.remove("save", gate)
+    w.store.flush_saves_then(0, Recorder(w.rt))          # takes S1, which stays in flight
+    heard = []
+    teardown = w.store.teardown(0, limit_s=1.0, on_loads=heard.append)
+    w.run_until(w.rt.now() + 2.0)
+    out = teardown.value
+    assert heard == [True] and out.loads_drained
+    assert out.saves_drained is drained and not any(w.host.contains(h) for h in s1)
+    assert out.arena_free is drained
+    gate.release_all()
+    w.advance()
+    assert all(w.host.contains(h) for h in s1)
