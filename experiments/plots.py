@@ -39,13 +39,16 @@ def cdfs(reports: Mapping[str, Mapping[str, Any]], path: Path | None = None) -> 
     fig = Figure(figsize=(10, 4), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, key, label in ((axes[0], "ttft_s", "TTFT (ms)"), (axes[1], "tpot_s", "TPOT (ms)")):
+        span = []
         for name, rep in reports.items():
             x = np.sort(np.asarray(rep["samples"][key], dtype=float)) * 1e3
             if x.size:
                 finished = rep["outcomes"]["finished"]
                 ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", color=_color(name),
                         label=f"{name} ({finished} finished)")
-        ax.set_xscale("log")
+                span += [x[0], x[-1]]
+        if span and min(span) > 0 and max(span) / min(span) > 10:
+            ax.set_xscale("log")   # a tail decades long; within one decade log ticks only clutter
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of finished requests")
         ax.grid(alpha=0.3)
