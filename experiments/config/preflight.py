@@ -153,6 +153,29 @@ def explain(err: BaseException, config_name: str = "config") -> str:
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__
 
 
+def _hydra_keys_problem(argv: list[str], config_name: str) -> str | None:
+    """``hydra.sweeper.*`` / ``hydra.launcher.*`` settings, checked against the plugin's own
+    config (the jobs' compose above leaves hydra.* out). Sweeps of them are the sweeper's."""
+    overrides = user_overrides(argv)
+    keys = [o for o in overrides if o.lstrip("+~").startswith(("hydra.sweeper.", "hydra.launcher."))]
+    if not keys or any("," in o or "(" in o for o in keys):
+        return None
+    groups = [o for o in overrides if o.startswith(("hydra/sweeper=", "hydra/launcher="))]
+    try:
+        compose(config_name=config_name, overrides=groups + keys, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, OmegaConfBaseException):
+            cause = cause.__cause__ or cause.__context__
+        key = str(getattr(cause, "full_key", "") or "") if cause is not None else ""
+        node = re.search(r"not in '(\w+)'", str(cause)) if cause is not None else None
+        if key and node:   # a misspelt key; a bad value is explained as any other
+            where = f"a key of {node.group(1)}"
+            return f"{key}: no such key; expected {where} (python -m experiments.sweep --cfg hydra lists them)"
+        return explain(err, config_name)
+    return None
+
+
 def check(argv: list[str], config_name: str = "config") -> str | None:
     """The first problem of any job the command line would run, or None."""
     register()
@@ -174,6 +197,9 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
                 here = {k: (kind, other) for k, other in unread_workload_keys(combo, kind).items()}
                 # a key some job reads is fine (a grid over both kinds may set chat's turns)
                 unread = here if unread is None else {k: v for k, v in unread.items() if k in here}
+            problem = _hydra_keys_problem(argv, config_name)
+            if problem is not None:
+                return problem
     finally:
         GlobalHydra.instance().clear()
     return _unread_problem(unread or {})

@@ -19,6 +19,8 @@ from openinfer.errors import ConfigError
     (["variant=foo"], "variant=foo", "pr829"),
     (["variant=fixed+H9"], "variant=fixed+H9", "variant.names=[fixed+H9]"),   # a mix, not a preset
     (["hydra/sweeper=host_tir"], "hydra/sweeper=host_tir", "host_tier"),
+    (["hydra/sweeper=host_tier", "hydra.sweeper.n_trails=3"], "hydra.sweeper.n_trails", "OptunaSweeperConf"),
+    (["hydra/sweeper=host_tier", "hydra.sweeper.n_trials=abc"], "hydra.sweeper.n_trials", "integer"),
     (["+workload.zz=1"], "workload.zz", "num_requests"),
     (["faults.schedule.0.port=xx"], "faults.schedule[0].port", "metaserver"),
     (["experiment.objective=nope"], "experiment.objective", "p99_ttft_ms"),
@@ -52,6 +54,7 @@ def test_good_overrides_pass() -> None:
     assert check([]) is None
     assert check(["experiment=smoke", "variant=fixed", "workload.qps=4"]) is None
     assert check(["-m", "workload.qps=2,4"], "sweep") is None
+    assert check(["-m", "hydra/sweeper=host_tier", "hydra.sweeper.n_trials=4"], "sweep") is None
     assert check(["-m", "workload=chat,random", "workload.turns=3"]) is None   # the chat jobs read it
 
 
