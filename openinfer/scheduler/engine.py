@@ -98,6 +98,7 @@ class Engine:
         # join behind them (see _reject_unknown_adapters and _admit).
         self._vetted = 0
         self._vetted_adapters: set[str] = set()
+        self._aborts = 0   # clients that left since the last pass (TokenSink.on_abort)
         self.prefilling: list[PendingRequest] = []
         self.active: list[ActiveRequest] = []
         self.pending_control: list[PendingControl] = []
@@ -224,6 +225,7 @@ class Engine:
                                 raw=raw)
         p.adapter_loaded_at_arrival = p.req.lora is None or p.req.lora in self.executor.adapters()
         self._emit("accepted", req=p)
+        p.sink.on_abort = self._note_abort
         if self.pending_control:
             self.post_control_deferred.append(p)  # behind the control in arrival order
             return
@@ -326,12 +328,32 @@ class Engine:
         for i in rejected:
             p = self.deferred[i]
             self._reject(p, f"LoRA adapter is not loaded: {p.req.lora}")
-        gone = set(rejected)
-        self._vetted -= sum(i < self._vetted for i in rejected)
+        self._remove_deferred(rejected)
+
+    def _remove_deferred(self, indices: list[int]) -> None:
+        """Take these positions out of the waiting queue, keeping the vetted head's count."""
+        gone = set(indices)
+        self._vetted -= sum(i < self._vetted for i in indices)
         self.deferred = [p for i, p in enumerate(self.deferred) if i not in gone]
+
+    def _note_abort(self) -> None:
+        self._aborts += 1
+
+    def _drop_gone_waiters(self) -> None:
+        """Waiters whose client left since the last pass leave the queue with their holds.
+        Admission drops them too, but only as far as it walks the queue: none past the last
+        free batch slot, so a saturated batch would keep their pinned pages."""
+        self._aborts = 0
+        gone = [i for i, p in enumerate(self.deferred) if p.sink.is_closed()]
+        for i in gone:
+            self._drop_pending(self.deferred[i])   # no answer: nobody is listening
+        if gone:
+            self._remove_deferred(gone)
 
     # -- admission --------------------------------------------------------------------
     def _admit(self) -> None:
+        if self._aborts:
+            self._drop_gone_waiters()
         if not self.deferred:
             return
         if self.cohort is not None:

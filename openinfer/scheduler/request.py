@@ -135,6 +135,10 @@ class TokenSink:
         # delivered: called before the stream is read, watched (next_event) or closed
         # (abort), it delivers them and keeps the request on the per-token path from then on.
         self.pending: Callable[[], None] | None = None
+        # The engine's note that a request of its queue may have gone (set at intake): a
+        # waiter whose client left gives its prefix hold back at the next pass, not only
+        # once a batch slot frees and admission reaches it.
+        self.on_abort: Callable[[], None] | None = None
 
     def _deliver_pending(self) -> None:
         pending = self.pending
@@ -151,6 +155,8 @@ class TokenSink:
         if self.pending is not None:
             self._deliver_pending()  # tokens generated before the client left were sent
         self.abort_cell.state = state
+        if state is not _NOT_ABORTED and self.on_abort is not None:
+            self.on_abort()
 
     @property
     def events(self) -> list[RequestEvent]:

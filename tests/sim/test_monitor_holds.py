@@ -94,3 +94,22 @@ def test_a_broken_hold_of_a_request_that_left_the_queue_is_not_a_violation() -> 
     later = rig.submit([700 + i for i in range(40)], 3)     # passes run on; nothing to report
     rig.rt.run()
     assert later.events[-1].kind is EventKind.FINISHED
+
+
+def test_a_waiter_whose_client_left_gives_its_hold_back_while_the_batch_is_full() -> None:
+    """Admission drops a cancelled waiter only as far as it walks the queue, and with no
+    free batch slot it walks none of it: the waiter's hold pinned its pages until the long
+    request ended. The client's leaving now reaches the engine's next pass."""
+    rig = _rig()
+    _warm(rig)
+    long = rig.submit([500 + i for i in range(20)], 400)   # the one slot, for a while
+    waiter = rig.submit(PREFIX + [900, 901], 2)
+    rig.rt.run(until=rig.rt.now() + 0.05)
+    p = rig.queued(waiter)
+    assert p is not None and p.kv_prefix.hit_tokens == 3 * BS and not p.kv_prefix.released
+    waiter.cancel()
+    rig.rt.run(until=rig.rt.now() + 0.05)
+    assert rig.queued(waiter) is None and p.kv_prefix.released
+    assert long.terminal_event() is None                    # the batch was full all along
+    rig.rt.run()
+    assert long.events[-1].kind is EventKind.FINISHED and waiter.terminal_event() is None
