@@ -118,13 +118,19 @@ def _is_variant(name: str) -> bool:
     return True
 
 
+def _omegaconf_cause(err: BaseException) -> OmegaConfBaseException | None:
+    """The OmegaConf error under Hydra's wrapping, which names the full key."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    return cause
+
+
 def explain(err: BaseException, config_name: str = "config") -> str:
     """One line naming the key, the value and what is accepted."""
     if isinstance(err, ConfigError):
         return str(err)
-    cause: BaseException | None = err
-    while cause is not None and not isinstance(cause, OmegaConfBaseException):
-        cause = cause.__cause__ or cause.__context__
+    cause = _omegaconf_cause(err)
     if cause is not None:
         full_key = str(getattr(cause, "full_key", "") or "")
         msg = str(cause).splitlines()[0]
@@ -164,14 +170,12 @@ def _hydra_keys_problem(argv: list[str], config_name: str) -> str | None:
     try:
         compose(config_name=config_name, overrides=groups + keys, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:
-        cause: BaseException | None = err
-        while cause is not None and not isinstance(cause, OmegaConfBaseException):
-            cause = cause.__cause__ or cause.__context__
-        key = str(getattr(cause, "full_key", "") or "") if cause is not None else ""
+        cause = _omegaconf_cause(err)
         node = re.search(r"not in '(\w+)'", str(cause)) if cause is not None else None
+        key = str(getattr(cause, "full_key", "") or "")
         if key and node:   # a misspelt key; a bad value is explained as any other
-            where = f"a key of {node.group(1)}"
-            return f"{key}: no such key; expected {where} (python -m experiments.sweep --cfg hydra lists them)"
+            return (f"{key}: no such key; expected a key of {node.group(1)} "
+                    "(python -m experiments.sweep --cfg hydra lists them)")
         return explain(err, config_name)
     return None
 

@@ -101,7 +101,7 @@ def _rejection(p: PendingRequest, bs: int, pool: BlockPool,
 def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
           prefilling: Sequence[PendingRequest], pool: BlockPool, pinned: int,
           cfg: SchedulerConfig, on_shed: Callable[[PendingRequest], None] | None = None,
-          vetted: int = 0) -> AdmissionResult:
+          vetted: int = 0, clients_left: bool = False) -> AdmissionResult:
     """Split ``deferred`` (queue order) into admitted, deferred and rejected requests.
 
     ``vetted``: the first ``vetted`` requests of ``deferred`` passed ``_rejection`` on an
@@ -110,6 +110,8 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
     again. And since a pass never gets a slot back, once none is left a vetted request can
     only be deferred: the vetted rest of the queue is left where it stands (``kept``), so a
     saturated batch's pass looks at its admissions and its new arrivals, not the queue.
+    ``clients_left``: some waiter's client may have gone since the last pass; the whole
+    queue is walked then, so that it leaves with its hold now, not once a slot frees.
     """
     bs = pool.block_size
     sw = cfg.switches
@@ -167,10 +169,10 @@ def admit(deferred: Sequence[PendingRequest], active: Sequence[ActiveRequest],
                 out.budget_deferred.append(p)
 
     i = 0
-    while i < len(queue) and slots > 0:
+    while i < len(queue) and (slots > 0 or clients_left):
         consider(i, queue[i])
         i += 1
-    # No slot left: ``consider`` of a vetted request would only defer it (see the docstring).
+    # No slot left (and no client gone): ``consider`` of a vetted request would only defer it.
     out.kept = range(i, max(i, vetted))
     out.deferred_before_kept = len(out.deferred)
     for j in range(out.kept.stop, len(queue)):

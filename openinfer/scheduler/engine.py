@@ -98,7 +98,7 @@ class Engine:
         # join behind them (see _reject_unknown_adapters and _admit).
         self._vetted = 0
         self._vetted_adapters: set[str] = set()
-        self._aborts = 0   # clients that left since the last pass (TokenSink.on_abort)
+        self._clients_left = False   # a client left since the last admission pass (TokenSink.on_abort)
         self.prefilling: list[PendingRequest] = []
         self.active: list[ActiveRequest] = []
         self.pending_control: list[PendingControl] = []
@@ -328,38 +328,23 @@ class Engine:
         for i in rejected:
             p = self.deferred[i]
             self._reject(p, f"LoRA adapter is not loaded: {p.req.lora}")
-        self._remove_deferred(rejected)
-
-    def _remove_deferred(self, indices: list[int]) -> None:
-        """Take these positions out of the waiting queue, keeping the vetted head's count."""
-        gone = set(indices)
-        self._vetted -= sum(i < self._vetted for i in indices)
+        gone = set(rejected)
+        self._vetted -= sum(i < self._vetted for i in rejected)
         self.deferred = [p for i, p in enumerate(self.deferred) if i not in gone]
 
     def _note_abort(self) -> None:
-        self._aborts += 1
-
-    def _drop_gone_waiters(self) -> None:
-        """Waiters whose client left since the last pass leave the queue with their holds.
-        Admission drops them too, but only as far as it walks the queue: none past the last
-        free batch slot, so a saturated batch would keep their pinned pages."""
-        self._aborts = 0
-        gone = [i for i, p in enumerate(self.deferred) if p.sink.is_closed()]
-        for i in gone:
-            self._drop_pending(self.deferred[i])   # no answer: nobody is listening
-        if gone:
-            self._remove_deferred(gone)
+        self._clients_left = True
 
     # -- admission --------------------------------------------------------------------
     def _admit(self) -> None:
-        if self._aborts:
-            self._drop_gone_waiters()
         if not self.deferred:
             return
         if self.cohort is not None:
             self.cohort.refresh_generated(self.active)
         res = admit(self.deferred, self.active, self.prefilling, self.pool,
-                    self.store.pinned_blocks(self.rank), self.cfg, vetted=self._vetted)
+                    self.store.pinned_blocks(self.rank), self.cfg, vetted=self._vetted,
+                    clients_left=self._clients_left)
+        self._clients_left = False
         for p, _reason, message in res.rejected:
             self._reject(p, message)
         for p in res.cancelled:   # no answer: nobody is listening; the pages go back
