@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU call that measures launch knobs and then validates: the decode bench of the tree
+# and of each --variant (each worker a fresh process), `validate` on the tree's defaults,
+# then validate's bench section again with the variant whose worse bs1 context was fastest,
+# if it beat the tree by more than 1%. Built for a card the knobs were not tuned on.
+#
+#   scripts/device_tune_and_validate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
+#
+# Carry `.whl/` (the simpy wheel). Writes $OUT/decode_bench.json, $OUT/validate.json,
+# $OUT/validate_best.json (when a variant won) and $OUT/r.tgz (logs and worker files).
+set -u
+cd "$(dirname "$0")/.."
+R=/tmp/tune; rm -rf $R; mkdir -p $R
+OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+  || { echo "simpy wheel install failed (is .whl carried?)"; exit 3; }
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
+V=(); for v in "$@"; do V+=(--variant "$v"); done
+timeout 200 python3 scripts/device_decode_bench.py --out $R/bench "${V[@]}" 2>&1 | tee $R/bench.log | grep -v "^\[decode-bench" | tail -40
+cp $R/bench/decode_bench.json "$OUT/" 2>/dev/null
+OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
+cp $R/val/validate.json "$OUT/" 2>/dev/null
+BEST=$(python3 - "$@" <<'PY'
+import json, sys
+workers = json.load(open('/tmp/tune/bench/decode_bench.json'))['workers']
+env = {label: kv.replace(',', ' ') for label, kv in (a.split(':', 1) for a in sys.argv[1:])}
+def worst_bs1(w):
+    return max([p['median_s'] for p in w.get('decode', {}).get('points', []) if p['batch'] == 1] or [float('inf')])
+base = worst_bs1(workers['after'])
+best = min(((worst_bs1(w), k) for k, w in workers.items() if k in env), default=(float('inf'), ''))
+print(env[best[1]] if best[0] < 0.99 * base else '')
+PY
+)
+echo "fastest variant beyond 1%: '${BEST}'"
+if [ -n "$BEST" ]; then
+  env $BEST OUT=$R/valbest timeout 120 bash scripts/device_validate.sh sections=bench 2>&1 | tail -10
+  cp $R/valbest/validate.json "$OUT/validate_best.json" 2>/dev/null; echo "$BEST" > $R/best_env.txt
+fi
+tar czf "$OUT/r.tgz" --exclude='*.safetensors' -C /tmp tune
