@@ -12,19 +12,17 @@ set -u
 cd "$(dirname "$0")/.."
 R=/tmp/tune; rm -rf $R; mkdir -p $R
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-  || { echo "simpy wheel install failed (is .whl carried?)"; exit 3; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
+source scripts/device_env.sh
+gpu_info "$OUT/nvidia-smi.txt"
 V=(); for v in "$@"; do V+=(--variant "$v"); done
 timeout 200 python3 scripts/device_decode_bench.py --out $R/bench "${V[@]}" 2>&1 | tee $R/bench.log | grep -v "^\[decode-bench" | tail -40
 cp $R/bench/decode_bench.json "$OUT/" 2>/dev/null
 OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
 cp $R/val/validate.json "$OUT/" 2>/dev/null
-BEST=$(python3 - "$@" <<'PY'
+BEST=$(python3 - $R/bench/decode_bench.json "$@" <<'PY'
 import json, sys
-workers = json.load(open('/tmp/tune/bench/decode_bench.json'))['workers']
-env = {label: kv.replace(',', ' ') for label, kv in (a.split(':', 1) for a in sys.argv[1:])}
+workers = json.load(open(sys.argv[1]))['workers']
+env = {label: kv.replace(',', ' ') for label, kv in (a.split(':', 1) for a in sys.argv[2:])}
 def worst_bs1(w):
     return max([p['median_s'] for p in w.get('decode', {}).get('points', []) if p['batch'] == 1] or [float('inf')])
 base = worst_bs1(workers['after'])
