@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")   # tests/models' conftest
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")   # set by tests/conftest.py
 
 
 @pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),

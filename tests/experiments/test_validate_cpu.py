@@ -6,13 +6,9 @@ need CUDA events and graphs and must say so. The GPU run is scripts/device_valid
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("transformers")
 pytest.importorskip("simpy")

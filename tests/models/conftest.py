@@ -1,8 +1,8 @@
 """Shared fixtures for the Qwen3 tests.
 
-Without a GPU the Triton kernels run in the interpreter: TRITON_INTERPRET must be set
-before triton is first imported, hence here at conftest import time. With a GPU (and the
-variable unset) the same tests run the compiled kernels on ``cuda``.
+Without a GPU the Triton kernels run in the interpreter (``tests/conftest.py`` sets
+TRITON_INTERPRET before anything imports triton). With a GPU (and the variable unset) the
+same tests run the compiled kernels on ``cuda``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import sys
 from pathlib import Path
 
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
