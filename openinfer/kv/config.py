@@ -1,13 +1,14 @@
 """KvStore settings, including the named switches that reproduce the PR's store bugs.
 
 Each switch is one behaviour of the single implementation in :mod:`openinfer.kv.store`,
-named after what it does. ``StoreConfig.pr829()`` is the skeleton kv-store the pull
-request was built on; ``StoreConfig()`` is the corrected store.
+named after what it does. ``StoreConfig()`` is the corrected store; the skeleton kv-store
+the pull request was built on is ``variant("pr829").store_config()`` (``openinfer.variants``
+names which bug turns off which switch, so there is one definition of it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from openinfer.errors import require
 
@@ -42,11 +43,3 @@ class StoreConfig:
                 "a number > 0 (seconds)")
         require(self.flush_deadline_s is None or self.flush_deadline_s > 0, "store.flush_deadline_s",
                 self.flush_deadline_s, "a number > 0 (seconds) or null for no deadline")
-
-    @classmethod
-    def pr829(cls, **overrides: object) -> StoreConfig:
-        """The skeleton store of PR #829: no chaining, no deadline, no guarded query,
-        no truncation, untracked loads."""
-        base = cls(flush_deadline_s=None, chain_flushes=False, release_late_leases=False,
-                   truncate_holds=False, track_loads=False)
-        return replace(base, **overrides)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """Flush barriers (spec §3.7, §4.2, §4.5, findings F2 and F3).
 
 Corrected store (``StoreConfig()``): barriers are chained and each is bounded by a 5 s
-deadline. ``StoreConfig.pr829()``: neither — the tests below assert the PR's bugs.
+deadline. The PR's store (``PR829``): neither — the tests below assert the PR's bugs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from openinfer.kv import (Gate, KvStore, MetaServer, PeerDirectory, PeerTier, Po
                           SaveCursor, StoreConfig)
 from openinfer.kv.pool import BlockPool
 from openinfer.runtime import SimRuntime
+from openinfer.variants import variant
 
 NS = "qwen3-test"
+PR829 = variant("pr829").store_config()   # the store the pull request shipped
 
 
 def _seal(w_or_store, pool, tokens):
@@ -77,7 +79,7 @@ def test_chained_barrier_does_not_complete_before_an_earlier_barriers_save():
 
 
 def test_pr829_barrier_calls_back_before_the_earlier_save_is_visible():
-    w, gate, a, b = _chain_gap(StoreConfig.pr829())
+    w, gate, a, b = _chain_gap(PR829)
     assert a.calls == []
     assert len(b.calls) == 1
     t, outcome, s1_visible_then = b.calls[0]
@@ -192,7 +194,7 @@ def test_stalled_registration_barrier_runs_its_callback_at_the_deadline():
 
 
 def test_pr829_stalled_registration_barrier_never_calls_back():
-    pw = PeerWorld(StoreConfig.pr829())
+    pw = PeerWorld(PR829)
     _seal(pw.store, pw.pool, prompt(40))
     a = Recorder(pw.rt)
     pw.store.flush_saves_then(0, a)
@@ -260,7 +262,7 @@ def test_a_barrier_waits_for_the_registrations_queued_before_it_not_for_later_on
     assert out["queued_then"] > 0                # later registrations were still queued
 
 
-@pytest.mark.parametrize("config, drained", [(StoreConfig(), False), (StoreConfig.pr829(), True)],
+@pytest.mark.parametrize("config, drained", [(StoreConfig(), False), (PR829, True)],
                          ids=["fixed", "pr829"])
 def test_teardown_says_the_arena_is_free_only_once_no_save_reads_it(config, drained):
     """HEAD's teardown (spec 3.9): loads, then saves, each bounded. A save an earlier

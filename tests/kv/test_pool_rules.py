@@ -14,6 +14,7 @@ from openinfer.kv.prefix import KvPrefix
 from openinfer.kv.probe import commit_loaded_blocks, probe_prefix, reserve_loaded_blocks
 from openinfer.kv.request_kv import PrefillOverrun, RequestKv, ceil_div
 from openinfer.runtime import SimRuntime
+from openinfer.variants import variant
 
 BS = 16
 
@@ -73,7 +74,7 @@ def test_store_config_errors_name_the_field(kwargs, field):
         StoreConfig(**kwargs)
     assert exc.value.field == field and field in str(exc.value)
     with pytest.raises(ConfigError, match=field):
-        StoreConfig.pr829(**kwargs)
+        variant("pr829").store_config(**kwargs)
 
 
 def test_tier_and_port_config_errors_name_the_field():
@@ -86,13 +87,17 @@ def test_tier_and_port_config_errors_name_the_field():
         Ports().install("dma", object())
 
 
-def test_pr829_config_turns_every_fix_off():
-    cfg = StoreConfig.pr829()
+def test_pr829_store_turns_off_every_store_fix_the_pr_lacked():
+    cfg = variant("pr829").store_config()
     assert (cfg.flush_deadline_s, cfg.chain_flushes, cfg.release_late_leases,
-            cfg.truncate_holds, cfg.track_loads) == (None, False, False, False, False)
+            cfg.truncate_holds, cfg.track_loads, cfg.probe_respects_floor,
+            cfg.commit_dedupes) == (None, False, False, False, False, False, False)
+    assert cfg.observe_cancel  # G9 is a later bug, not one of the PR's
     d = StoreConfig()
-    assert (d.flush_deadline_s, d.chain_flushes, d.release_late_leases,
-            d.truncate_holds, d.track_loads) == (5.0, True, True, True, True)
+    assert d == variant("fixed").store_config()
+    assert (d.flush_deadline_s, d.chain_flushes, d.release_late_leases, d.truncate_holds,
+            d.track_loads, d.probe_respects_floor, d.commit_dedupes,
+            d.observe_cancel) == (5.0, True, True, True, True, True, True, True)
     assert d.resolve_deadline_s == 15.0 and d.requery_interval_s == 0.005
 
 

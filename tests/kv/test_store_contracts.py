@@ -12,6 +12,7 @@ from kvworld import BS, Cancel, World, prompt
 from openinfer.kv import CacheScope, ResolvePolicy, SaveClass, SaveCursor, StoreConfig, salt_hash
 from openinfer.kv.request_kv import RequestKv
 from openinfer.kv.stats import DegradeReason
+from openinfer.variants import variant
 
 FULL_PAGES = ResolvePolicy(full_pages=True)
 
@@ -180,7 +181,7 @@ def test_stalled_query_degrades_at_deadline_to_the_gpu_hit_and_releases_the_late
 
 
 def test_pr829_leaks_the_late_lease_until_its_ttl():
-    w, kp = _stalled_query_world(StoreConfig.pr829(resolve_deadline_s=0.05))
+    w, kp = _stalled_query_world(variant("pr829").store_config(resolve_deadline_s=0.05))
     assert kp.hit_tokens == 32 and kp.outcome.degraded is DegradeReason.DEADLINE_EXCEEDED
     w.gates["query"].release_all()
     w.advance()
@@ -260,7 +261,7 @@ def test_stalled_load_is_abandoned_at_deadline_and_flush_loads_drains_it():
 
 
 def test_pr829_flush_loads_does_not_wait_for_the_abandoned_dma():
-    w, kp = _stalled_load(StoreConfig.pr829(resolve_deadline_s=0.05))
+    w, kp = _stalled_load(variant("pr829").store_config(resolve_deadline_s=0.05))
     assert w.store.stats.loads_abandoned == 1
     drain = w.store.flush_loads(0)
     w.advance()
@@ -448,8 +449,11 @@ def test_full_pages_resolves_the_page_aligned_boundary_block():
 
 # -- (k) hold truncation ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config,pinned", [(StoreConfig(), 3), (StoreConfig.pr829(), 4)],
-                         ids=["default", "pr829"])
+@pytest.mark.parametrize("config,pinned", [(StoreConfig(), 3),
+                                           (variant("fixed").store_config(), 3),
+                                           (variant("fixed+HC").store_config(), 4),
+                                           (variant("pr829").store_config(), 4)],
+                         ids=["default", "fixed", "fixed+HC", "pr829"])
 def test_hold_pins_exactly_the_credited_blocks(config, pinned):
     w = World(config=config)
     toks = prompt(64)
