@@ -17,7 +17,7 @@ model, copy links and, when it was measured so, a host thread that each step hol
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,8 @@ _WORLD_NAMES = {"world.block_size": "block_size", "world.num_blocks": "num_block
                 "world.host_tier_gib": "host_gib", "world.host": "host", "order.policy": "order",
                 "scheduler.max_prefill_tokens": "max_prefill_tokens",
                 "scheduler.max_decode_batch": "max_decode_batch", "abort.probability": "abort_prob",
-                "abort.after_s": "abort_after_s", "world.output_mode": "output_mode"}
+                "abort.after_s": "abort_after_s", "world.output_mode": "output_mode",
+                "arrival.rate": "qps", "arrival.process": "arrival", "arrival.cv": "cv"}
 
 
 @dataclass
@@ -100,6 +101,7 @@ class SimulateConfig:
                 "unset when profile= is given (the profile carries its own step model)")
         try:
             self.world_config()
+            ArrivalSpec(self.qps, self.arrival, self.cv)
         except ConfigError as err:
             raise ConfigError(_WORLD_NAMES.get(err.field, err.field), err.value, err.accepted) from None
 
@@ -118,6 +120,9 @@ class SimulateConfig:
                     f"unset: only workload={' or '.join(readers)} reads it (this run is workload={self.workload})")
         require(not ("qps" in given and self.workload == "mooncake" and self.trace is not None), "qps",
                 self.qps, "unset with trace= (the trace's own arrival times are replayed; speedup= scales them)")
+        require(not ("hardware" in given and self.profile), "hardware", self.hardware,
+                "unset with profile= (the profile is fitted on its own card: its base preset and "
+                "measured links are what runs)")
 
 
 def make_workload(cfg: SimulateConfig) -> Workload:
@@ -154,6 +159,7 @@ def simulate(cfg: SimulateConfig) -> dict[str, Any]:
     if cfg.profile:
         profile = FittedProfile.load(cfg.profile)
         profile.check_model(cfg.model)
+        world_cfg = replace(world_cfg, hardware=profile.base_hardware)   # what the report says ran
         world = profile.world(world_cfg)
     else:
         step_model = load_calibration(cfg.calibration) if cfg.calibration else None

@@ -30,6 +30,9 @@ class ArrivalSpec:
                 "a number > 0 (per second) or inf")
         require(isinstance(self.cv, (int, float)) and 0 < self.cv <= 100, "arrival.cv", self.cv,
                 "a number in (0, 100]")
+        require(self.process == "gamma" or self.cv == 1.0, "arrival.cv", self.cv,
+                "1 unless the arrival process is gamma: Poisson gaps have cv 1, so another value "
+                "would be ignored (gamma with cv 1 draws the same exponential gaps)")
 
     def gap(self, rng: random.Random) -> float:
         """One inter-arrival gap in seconds."""

@@ -48,6 +48,14 @@ class ClusterConfig:
                 "P/D, so mixed instances would get none)")
         require(isinstance(self.metaserver_rpc_s, (int, float)) and self.metaserver_rpc_s >= 0,
                 "cluster.metaserver_rpc_s", self.metaserver_rpc_s, "a number >= 0 (seconds)")
+        require(self.prefill == 0 or self.world.host_pages() >= 1, "world.host_tier_gib",
+                self.world.host_tier_gib, "room for at least one page under P/D: a prefill "
+                "instance hands its KV to the decode instance through its CPU tier (0 = no tier)")
+
+    @property
+    def has_host_tier(self) -> bool:
+        """Whether the instances have a CPU tier, and so its ports (query, load, save, flush)."""
+        return self.prefill > 0 or self.world.host_pages() >= 1
 
 
 class Router:

@@ -23,12 +23,11 @@ from openinfer.errors import require
 from sim.gc_tuning import relaxed_gc
 from sim.client import AbortSpec, Client
 from sim.cluster import Cluster
-from sim.faults import FaultHook, FaultSpec, last_heal
+from sim.faults import METASERVER_PORTS, FaultHook, FaultSpec, last_heal
 from sim.metrics import cache_summary, first_messages, status_counts, summarize
 from sim.monitors import InvariantViolation, Monitor, MonitorConfig, Timeline, engines_drained, timeline_tail
 from sim.workloads import Workload
 
-METASERVER_PORTS = ("registration", "metaserver")
 Progress = Callable[[float, int, int], None]  # (simulated s, requests ended, requests sent)
 
 
@@ -56,13 +55,19 @@ def install_faults(cluster: Cluster, faults: Sequence[PlacedFault]) -> list[Faul
             assert cluster.metaserver is not None
             cluster.metaserver.ports.install(port, hook)
             continue
+        installed = False
         for w in cluster.instances:
             if pf.target not in ("all", w.engine.name):
                 continue
             if port == "step":
                 w.executor.step_failure = hook.step_failure
+                installed = True
             elif w.host is not None:
                 w.host.ports.install(port, hook)
+                installed = True
+        # A fault the run would never see is an error, not a quiet no-op.
+        require(installed, "faults.port", port,
+                "step, or a CPU tier for the fault's instances (world.host_tier_gib > 0)")
     return hooks
 
 

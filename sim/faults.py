@@ -22,6 +22,8 @@ from openinfer.runtime import Runtime
 
 FAULT_KINDS = ("stall", "blackhole", "delay", "error")
 FAULT_PORTS = (*PORT_NAMES, "step")
+METASERVER_PORTS = ("registration", "metaserver")   # the shared MetaServer's, not an instance's
+TIER_PORTS = tuple(p for p in PORT_NAMES if p not in METASERVER_PORTS)   # an instance's CPU tier's
 
 
 @dataclass(frozen=True)

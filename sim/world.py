@@ -96,6 +96,11 @@ class WorldConfig:
         AbortSpec(self.abort_probability, self.abort_after_s)
         MonitorConfig(check_pool_every=self.monitor_pool_every)
 
+    def host_pages(self, geo: ModelGeometry | None = None) -> int:
+        """Pages of the CPU tier (0: none): ``host_tier_gib`` over one block's KV bytes."""
+        geo = geo or model_preset(self.model)
+        return int(self.host_tier_gib * GiB // geo.kv_bytes_per_block(self.block_size))
+
     def scheduler_config(self, role: Role = Role.MIXED, switches: SchedulerSwitches | None = None
                          ) -> SchedulerConfig:
         return SchedulerConfig(max_prefill_tokens=self.max_prefill_tokens, max_decode_batch=self.max_decode_batch,
@@ -166,10 +171,10 @@ def build_world(cfg: WorldConfig, *, hardware: HardwareSpec | None = None, model
         peer=LinkSpec(hw.peer_gib_s, hw.peer_latency_s), connect_s=hw.peer_connect_s)
     if cfg.monitors:
         transfer.ledger = CopyLedger(rt, name)
-    host_pages = int(cfg.host_tier_gib * GiB // page_bytes)
+    host_pages = cfg.host_pages(geo)
     host: HostTier | None = None
-    if peer is not None:
-        host = PeerTier(rt, max(host_pages, 1), transfer, name=name, namespace=peer.namespace,
+    if peer is not None:   # ClusterConfig asks for >= 1 page: the P/D handoff goes through it
+        host = PeerTier(rt, host_pages, transfer, name=name, namespace=peer.namespace,
                         metaserver=peer.metaserver, directory=peer.directory, inline_saves=not held)
     elif host_pages > 0:
         host = HostTier(rt, host_pages, transfer, inline_saves=not held)  # held: saves start as the real ones do

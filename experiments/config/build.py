@@ -18,7 +18,7 @@ from openinfer.errors import ConfigError, require
 from openinfer.variants import variant as parse_variant
 from sim.cluster import ClusterConfig
 from sim.cluster_run import PlacedFault
-from sim.faults import FaultSpec
+from sim.faults import METASERVER_PORTS, TIER_PORTS, FaultSpec
 from sim.hardware import preset as hardware_preset
 from sim.metrics import summarize
 from sim.model_geometry import preset as model_preset
@@ -27,7 +27,6 @@ from sim.workloads import Workload
 from sim.world import WorldConfig
 
 WORKLOAD_KINDS = tuple(KIND_ONLY_KEYS)   # chat, random
-METASERVER_PORTS = ("registration", "metaserver")   # the shared MetaServer's, not an instance's
 # what a sweep job can return to a sweeper: the vllm-bench metric keys, plus the finished count
 OBJECTIVES = tuple(k for k in summarize([], [], 0.0) if k not in ("failed",)) + ("finished", "hit_rate")
 BACKENDS = ("sim",)
@@ -79,7 +78,10 @@ def _renamed(err: ConfigError, prefix: str = "") -> ConfigError:
     return ConfigError(key, err.value, err.accepted)
 
 
-def make_workload(w: Any) -> Workload:
+def make_workload(w: Any, max_context_tokens: int) -> Workload:
+    """The workload group's flat form; a chat session ends before a turn that would outgrow
+    the instances' context limit (``scheduler.max_context_tokens``), as a client that knows
+    the served model's length would, instead of sending it to be rejected."""
     require(isinstance(w.qps, (int, float)) and w.qps > 0, "workload.qps", w.qps,
             "a number > 0 (requests per second) or inf")
     require(w.kind in WORKLOAD_KINDS, "workload.kind", w.kind, f"one of {', '.join(WORKLOAD_KINDS)}")
@@ -93,11 +95,11 @@ def make_workload(w: Any) -> Workload:
         flat.update(num_requests=w.num_requests)
     else:  # qps is the request rate: sessions of ``turns`` requests arrive at qps/turns
         flat.update(rate=w.qps / w.turns, num_sessions=-(-w.num_requests // w.turns), max_requests=w.num_requests,
-                    length_sigma=0.5)
+                    length_sigma=0.5, max_context_tokens=max_context_tokens)
     return workload_from_flat(flat)
 
 
-def make_faults(cfg: Any, instances: list[str]) -> list[PlacedFault]:
+def make_faults(cfg: Any, instances: list[str], has_host_tier: bool) -> list[PlacedFault]:
     out = []
     for i, f in enumerate(cfg.faults.schedule):
         prefix = f"faults.schedule[{i}]"
@@ -112,6 +114,9 @@ def make_faults(cfg: Any, instances: list[str]) -> list[PlacedFault]:
                 f.port, "a tier port (query, load, save, flush) or step: without P/D there is no MetaServer")
         require(f.target == "all" or f.port not in METASERVER_PORTS, f"{prefix}.target", f.target,
                 f"all for port {f.port}: the MetaServer is shared, its faults hit every instance")
+        require(f.port not in TIER_PORTS or has_host_tier, f"{prefix}.port", f.port,
+                "step, or store.host_tier_gib > 0: the query, load, save and flush ports are the "
+                "CPU tier's, and without one the fault would never fire")
         out.append(PlacedFault(spec, f.target))
     return out
 
@@ -164,8 +169,8 @@ def _build(cfg: Any) -> Experiment:
     first = clusters[names[0]]
     instances = ([f"mixed{i}" for i in range(first.mixed)] + [f"prefill{i}" for i in range(first.prefill)]
                  + [f"decode{i}" for i in range(first.decode)])
-    workload = make_workload(cfg.workload)
-    faults = make_faults(cfg, instances)
+    workload = make_workload(cfg.workload, cfg.scheduler.max_context_tokens)
+    faults = make_faults(cfg, instances, first.has_host_tier)
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else {}
     return Experiment(names, clusters, workload, faults, e.settle_s, e.chunk_s, e.monitors, e.progress, e.plots,
                       e.objective, plain)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from openinfer.scheduler import (ControlCommand, Engine, GenerateRequest, Reques
 from openinfer.variants import variant
 from sim.copy_engine import LinkSpec, ModeledTransfer
 from sim.copy_ledger import CopyLedger
-from sim.faults import FaultHook, last_heal
+from sim.faults import METASERVER_PORTS, FaultHook, last_heal
 from sim.hunt.scenario import Scenario
 from sim.monitors import InvariantViolation, Monitor, MonitorConfig
 
@@ -113,7 +113,7 @@ def _install_faults(w: _World, sc: Scenario, mon: Monitor) -> list[FaultHook]:
         hooks.append(hook)
         if spec.port == "step":
             w.executor.step_failure = hook.step_failure
-        elif spec.port in ("registration", "metaserver"):
+        elif spec.port in METASERVER_PORTS:
             if w.metaserver is not None:
                 w.metaserver.ports.install(spec.port, hook)
         else:

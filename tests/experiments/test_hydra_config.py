@@ -42,6 +42,10 @@ from openinfer.errors import ConfigError
     (["workload=random", "workload.turns=9"], "workload.turns", "workload.kind=chat"),
     (["workload.prefix_len=64"], "workload.prefix_len", "workload.kind=random"),
     (["backend.calibration=x.json"], "backend.calibration", "step_model"),
+    (["workload.cv=2"], "workload.cv", "gamma"),
+    (["store.host_tier_gib=0"], "store.host_tier_gib", "P/D"),   # the handoff needs the tier
+    (["experiment=mixed2", "store.host_tier_gib=0", "faults.schedule=[{port:save,kind:stall}]"],
+     "faults.schedule[0].port", "host_tier_gib > 0"),
     # a bad value past the first MAX_COMBOS jobs of a grid
     (["-m", "workload.arrival=poisson,bogus", "experiment.seed=range(0,64)"], "workload.arrival", "gamma"),
 ])
@@ -56,6 +60,10 @@ def test_good_overrides_pass() -> None:
     assert check(["-m", "workload.qps=2,4"], "sweep") is None
     assert check(["-m", "hydra/sweeper=host_tier", "hydra.sweeper.n_trials=4"], "sweep") is None
     assert check(["-m", "workload=chat,random", "workload.turns=3"]) is None   # the chat jobs read it
+    assert check(["workload.arrival=gamma", "workload.cv=2"]) is None
+    assert check(["experiment=mixed2", "store.host_tier_gib=0", "faults=none"]) is None
+    assert check(["experiment=mixed2", "store.host_tier_gib=0",
+                  "faults.schedule=[{port:step,kind:error}]"]) is None
 
 
 def test_cli_exits_2_with_one_line() -> None:
@@ -75,10 +83,13 @@ def test_the_workload_group_builds_through_the_shared_flat_form() -> None:
     from sim.workload_spec import workload_from_flat
     from sim.workloads import ChatWorkload, RandomWorkload
 
-    chat = make_workload(OmegaConf.structured(WorkloadConf(kind="chat", num_requests=10, qps=8.0, turns=4)))
+    chat = make_workload(OmegaConf.structured(WorkloadConf(kind="chat", num_requests=10, qps=8.0, turns=4)),
+                         max_context_tokens=1200)
     assert isinstance(chat, ChatWorkload) and chat.num_sessions == 3 and chat.max_requests == 10
+    assert chat.max_context_tokens == 1200   # sessions end before the instances would reject a turn
     assert chat.arrival.rate == 2.0 and chat.user_len == LengthDist.lognormal(150, 0.5, max=1200)
-    rnd = make_workload(OmegaConf.structured(WorkloadConf(kind="random", qps=float("inf"), prefix_len=8)))
+    rnd = make_workload(OmegaConf.structured(WorkloadConf(kind="random", qps=float("inf"), prefix_len=8)),
+                        max_context_tokens=1200)
     assert isinstance(rnd, RandomWorkload) and rnd.prefix_len == 8 and rnd.arrival.rate == float("inf")
     flat = workload_from_flat(dict(kind="chat", num_sessions=2, turns=2, rate=5, seed=3))
     assert flat.turns == LengthDist.fixed(2) and flat.output_len == LengthDist.fixed(16) and flat.arrival.rate == 5

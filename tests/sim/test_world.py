@@ -99,6 +99,8 @@ def test_every_field_a_run_would_refuse_is_refused_when_the_config_is_made(field
     (["host_gib=-1"], "host_gib="), (["abort_prob=5"], "abort_prob="), (["block_size=0"], "block_size="),
     (["workload=random", "turns=7"], "turns="), (["workload=chat", "prefix_len=5"], "prefix_len="),
     (["workload=mooncake", "trace=t.jsonl", "qps=3"], "qps="),
+    (["cv=4"], "cv="),                                    # Poisson arrivals have no cv
+    (["profile=p.yaml", "hardware=rtx5090"], "hardware="),   # the profile is its own card
 ])
 def test_simulate_names_its_own_keys_and_refuses_keys_its_workload_never_reads(argv, named) -> None:
     from experiments.cli import parse_overrides
@@ -138,8 +140,9 @@ PROFILE = str(Path(__file__).resolve().parents[2] / "conf/profiles/h200_qwen3-4b
 
 def test_simulate_runs_on_a_fitted_profile() -> None:
     r = simulate(SimulateConfig(workload="random", num_requests=20, qps=20.0, input_len=200, output_len=10,
-                                profile=PROFILE, timeline=False))
+                                profile=PROFILE, timeline=False, hardware="rtx5090"))
     assert r["metrics"]["completed"] == 20 and r["config"]["host"] in ("free", "held")
+    assert r["config"]["hardware"] == "h200"     # the profile's base preset ran, not rtx5090
     with pytest.raises(ConfigError, match="calibration"):
         SimulateConfig(profile=PROFILE, calibration="x.json")
 
