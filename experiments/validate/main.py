@@ -19,6 +19,7 @@ model (the CPU test does): sections that need a GPU say so and are skipped.
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,23 @@ class ValidateConfig:
     served_host_tier_gib: float | None = None  # the served instance's CPU tier (None: 12 GiB on a GPU)
 
     def __post_init__(self) -> None:
+        from openinfer.kv.pool import check_block_size
+        from openinfer.models.qwen3.config import DTYPES, PRESETS
+        from openinfer.models.qwen3.ops import BACKENDS
         require(bool(self.report), "report", self.report, "a path for the JSON report")
+        # names checked here, not when a section reaches them (after others spent GPU time)
+        sizes = _names(self.golden_sizes)
+        require(all(s in PRESETS for s in sizes), "golden_sizes", self.golden_sizes,
+                f"a comma list of {', '.join(PRESETS)}")
+        for key in ("bench_size", "served_size", "grid_size"):
+            size = getattr(self, key)
+            require((size is None and key == "grid_size") or size in PRESETS, key, size,
+                    f"one of {', '.join(PRESETS)}")
+        require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        backends = _names(self.golden_backends)
+        require(bool(backends) and all(b in BACKENDS for b in backends), "golden_backends",
+                self.golden_backends, f"a comma list of {', '.join(BACKENDS)}")
+        check_block_size(self.block_size)
         unknown = [s for s in self.section_list() if s not in SECTIONS]
         require(not unknown, "sections", self.sections, f"a comma list of {', '.join(SECTIONS)}")
         chosen = self.served_workload_list()
@@ -79,10 +96,14 @@ class ValidateConfig:
                 "null on the CPU (its tiny instance sizes its tier in slots)")
 
     def served_workload_list(self) -> list[str]:
-        return [w for w in self.served_workloads.split(",") if w]
+        return _names(self.served_workloads)
 
     def section_list(self) -> list[str]:
-        return [s for s in self.sections.split(",") if s]
+        return _names(self.sections)
+
+
+def _names(comma_list: str) -> list[str]:
+    return [s for s in comma_list.split(",") if s]
 
 
 class ModelPack:
@@ -143,8 +164,8 @@ class Packs:
 def _golden(cfg: ValidateConfig, packs: Packs) -> dict[str, Any]:
     from experiments.validate.golden import GoldenSpec, golden_for_pack
     out: dict[str, Any] = {}
-    backends = tuple(b for b in cfg.golden_backends.split(",") if b)
-    for size in [s for s in cfg.golden_sizes.split(",") if s]:
+    backends = tuple(_names(cfg.golden_backends))
+    for size in _names(cfg.golden_sizes):
         spec = GoldenSpec.tiny() if size == "tiny" else GoldenSpec(block_size=cfg.block_size)
         pack = packs.get(size)
         out[size] = guarded(f"golden {size}", lambda: golden_for_pack(pack, backends, spec))
@@ -307,6 +328,11 @@ def main(argv: list[str]) -> None:
     cfg = parse_overrides(ValidateConfig, argv)
     report = run(cfg)
     print_summary(report)
+    raised = [name for name in SECTIONS if (report.get(name) or {}).get("status") == "error"]
+    if raised:   # a missed target is a result; a section that raised is a failed run
+        print(f"validate: section {', '.join(raised)} raised (its traceback is in the report)",
+              file=sys.stderr)
+        raise SystemExit(1)
 
 
 _ = fields  # re-exported for tests that list the keys

@@ -102,6 +102,25 @@ def test_unknown_key_and_section_are_refused():
         parse_overrides(ValidateConfig, ["report=x.json", "sections=golden,bogus"])
 
 
+def test_a_section_that_raises_is_recorded_and_fails_the_command(monkeypatch, tmp_path, capsys):
+    """The report keeps the error (the other sections still run), and the exit code says the
+    run failed, so a script that checks it does not take the report for a good one."""
+    import sys
+
+    from experiments.validate import main as M
+
+    def broken(*_a, **_k):
+        raise RuntimeError("golden blew up")
+    monkeypatch.setattr(M, "_golden", broken)
+    monkeypatch.setattr(sys, "argv", ["validate", f"report={tmp_path}/r.json", "device=cpu",
+                                      "sections=golden"])
+    with pytest.raises(SystemExit) as stop:
+        M.main()
+    assert stop.value.code == 1 and "section golden raised" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["golden"]["status"] == "error" and "golden blew up" in saved["golden"]["error"]
+
+
 def test_bench_reports_failed_bounds_instead_of_a_key_error(monkeypatch):
     from experiments.validate import bench as B
     from experiments.validate import main as M
@@ -154,7 +173,12 @@ def test_a_longer_held_out_run_alone(tmp_path):
                        ("heldout_sessions=0", "heldout_sessions"), ("heldout_sessions=true", "heldout_sessions"),
                        ("served_workloads=fit heldout_sessions=8", "heldout_sessions"),
                        ("device=cpu served_host_tier_gib=28", "served_host_tier_gib"),
-                       ("served_host_tier_gib=0", "served_host_tier_gib")):
+                       ("served_host_tier_gib=0", "served_host_tier_gib"),
+                       # names a section would reach only after others ran: refused at start
+                       ("golden_sizes=tiny,bogus", "golden_sizes"), ("bench_size=9b", "bench_size"),
+                       ("served_size=x", "served_size"), ("grid_size=x", "grid_size"),
+                       ("dtype=bf16", "dtype"), ("golden_backends=flash", "golden_backends"),
+                       ("golden_backends=", "golden_backends"), ("block_size=24", "block_size")):
         with pytest.raises(ConfigError, match=field):
             parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", *bad.split()])
     cfg = parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", "served_host_tier_gib=28"])
