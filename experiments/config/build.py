@@ -29,6 +29,9 @@ from sim.world import WorldConfig
 WORKLOAD_KINDS = tuple(KIND_ONLY_KEYS)   # chat, random
 # what a sweep job can return to a sweeper: the vllm-bench metric keys, plus the finished count
 OBJECTIVES = tuple(k for k in summarize([], [], 0.0) if k not in ("failed",)) + ("finished", "hit_rate")
+# the objectives an optimising sweeper must maximise (the rest are times: minimise)
+HIGHER_IS_BETTER = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                    "output_throughput", "total_token_throughput", "finished", "hit_rate")
 BACKENDS = ("sim",)
 STEP_MODELS = ("roofline",)  # a fitted model needs build_cluster to take one (not yet)
 

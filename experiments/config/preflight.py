@@ -19,10 +19,11 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments.config.build import build
+from experiments.config.build import HIGHER_IS_BETTER, build
 from experiments.config.schema import GROUPS, register
 from openinfer.errors import ConfigError
 from openinfer.variants import variant as parse_variant
@@ -58,7 +59,8 @@ def combinations(overrides: list[str]) -> list[list[str]]:
         if key.startswith("hydra") and not key.startswith(("hydra/launcher", "hydra/sweeper")):
             continue
         if o.is_sweep_override():
-            if o.is_interval_sweep():
+            if o.is_interval_sweep():   # a search space: checked just inside both of its ends
+                axes.append([f"{key}={v}" for v in _inside_ends(o.value())])
                 continue
             try:
                 values = [f"{key}={v}" for v in o.sweep_string_iterator()]
@@ -76,6 +78,17 @@ def combinations(overrides: list[str]) -> list[list[str]]:
     longest = max(len(a) for a in axes)
     cover = [[a[min(i, len(a) - 1)] for a in axes] for i in range(longest)]
     return combos + [c for c in cover if c not in combos]
+
+
+def _inside_ends(space: IntervalSweep) -> list[int | float]:
+    """Two points of an Optuna interval, 1% in from each end (an open end such as qps > 0
+    stays valid): a range that is mostly out of bounds fails here, not as trial after trial
+    of a study that reports the bad trials' inf as its result."""
+    lo, hi = float(space.start), float(space.end)
+    if "int" in space.tags:
+        return [int(lo), int(hi)]
+    step = (hi - lo) / 100
+    return [lo + step, hi - step]
 
 
 def unread_workload_keys(overrides: list[str], kind: str) -> dict[str, str]:
@@ -180,6 +193,28 @@ def _hydra_keys_problem(argv: list[str], config_name: str) -> str | None:
     return None
 
 
+def _direction_problem(argv: list[str], config_name: str, objectives: set[str]) -> str | None:
+    """An optimising sweeper's direction against the objective's sense: a study that minimises
+    request_throughput finds the worst setting and reports it as the best."""
+    overrides = user_overrides(argv)
+    if not any(o.startswith("hydra/sweeper=") for o in overrides):
+        return None
+    fixed = [o for o in overrides if o.startswith(("hydra/sweeper=", "hydra.sweeper.direction="))]
+    sweeper = compose(config_name=config_name, overrides=fixed, return_hydra_config=True).hydra.sweeper
+    direction = sweeper.get("direction")
+    if direction is None:   # a sweeper that does not optimise
+        return None
+    if direction not in ("minimize", "maximize"):
+        return f"hydra.sweeper.direction={direction} is invalid: expected minimize or maximize"
+    for objective in sorted(objectives):
+        wants = "maximize" if objective in HIGHER_IS_BETTER else "minimize"
+        if direction != wants:
+            return (f"experiment.objective={objective} is invalid with hydra.sweeper.direction={direction}: "
+                    f"{'higher' if wants == 'maximize' else 'lower'} is better for it, so set "
+                    f"hydra.sweeper.direction={wants} (or pick an objective to {direction})")
+    return None
+
+
 def check(argv: list[str], config_name: str = "config") -> str | None:
     """The first problem of any job the command line would run, or None."""
     register()
@@ -189,6 +224,7 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
         return f"cannot parse the overrides: {str(err).splitlines()[0]}"
     GlobalHydra.instance().clear()
     unread: dict[str, tuple[str, str]] | None = None   # key -> (a job's kind, the kind reading it)
+    objectives: set[str] = set()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             for combo in combos:
@@ -197,11 +233,17 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
                     build(cfg)
                 except (HydraException, OmegaConfBaseException, ConfigError) as err:
                     return explain(err, config_name)
+                if config_name == "sweep" and len(cfg.variant.names) != 1:
+                    return (f"variant.names={list(cfg.variant.names)} is invalid for a sweep: expected one "
+                            "variant a job (a job returns one objective); sweep over them instead, "
+                            "e.g. -m variant=pr829,fixed")
+                objectives.add(cfg.experiment.objective)
                 kind = cfg.workload.kind
                 here = {k: (kind, other) for k, other in unread_workload_keys(combo, kind).items()}
                 # a key some job reads is fine (a grid over both kinds may set chat's turns)
                 unread = here if unread is None else {k: v for k, v in unread.items() if k in here}
-            problem = _hydra_keys_problem(argv, config_name)
+            problem = _hydra_keys_problem(argv, config_name) or _direction_problem(argv, config_name,
+                                                                                   objectives)
             if problem is not None:
                 return problem
     finally:

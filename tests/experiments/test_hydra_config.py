@@ -121,3 +121,30 @@ def test_the_decode_policy_and_the_resolve_deadline_reach_the_instances(full_hit
     policies = {w.engine.name: w.engine.hub.policy.wait_for_full_hit for w in cluster.instances}
     assert policies == {"prefill0": False, "decode0": full_hit}
     assert {w.store.config.resolve_deadline_s for w in cluster.instances} == {3.0}
+
+
+@pytest.mark.parametrize("argv, key, hint", [
+    # an Optuna study's direction against the objective's sense
+    (["-m", "hydra/sweeper=host_tier", "experiment.objective=request_throughput"],
+     "experiment.objective=request_throughput", "direction=maximize"),
+    (["-m", "hydra/sweeper=host_tier", "hydra.sweeper.direction=maximize"],
+     "experiment.objective=p99_ttft_ms", "direction=minimize"),
+    (["-m", "hydra/sweeper=host_tier", "hydra.sweeper.direction=up"], "hydra.sweeper.direction=up",
+     "minimize or maximize"),
+    # a search space that is out of range is refused before the study runs its trials
+    (["-m", "hydra/sweeper=host_tier", "store.host_tier_gib=interval(-1,0)"], "store.host_tier_gib",
+     ">= 0"),
+    # a sweep job returns one variant's objective
+    (["-m", "variant=compare"], "variant.names", "-m variant=pr829,fixed"),
+])
+def test_bad_sweep_is_refused_before_any_job(argv, key, hint) -> None:
+    msg = check(argv, "sweep")
+    assert msg is not None and key in msg and hint in msg, msg
+
+
+def test_good_sweeps_pass() -> None:
+    assert check(["-m", "hydra/sweeper=host_tier"], "sweep") is None
+    assert check(["-m", "hydra/sweeper=host_tier", "experiment.objective=hit_rate",
+                  "hydra.sweeper.direction=maximize"], "sweep") is None
+    assert check(["-m", "hydra/sweeper=host_tier", "workload.qps=interval(0,16)"], "sweep") is None
+    assert check(["-m", "variant=pr829,fixed"], "sweep") is None
