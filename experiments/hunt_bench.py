@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from experiments.cli import main_guard, parse_overrides, write_report
 from experiments.hunt import HuntConfig, hunt
 from openinfer.errors import require
+from openinfer.variants import variant as parse_variant
 
 FINDING_INVARIANTS = {
     "F1": "admission_liveness", "F2": "kv_ready_after_registration", "F3": "bounded_terminal_event",
@@ -33,6 +34,10 @@ class HuntBenchConfig:
 
     def __post_init__(self) -> None:
         require(self.seeds >= 1, "seeds", self.seeds, "an int >= 1")
+        require(self.budget_s > 0, "budget_s", self.budget_s, "a number > 0 (seconds a seed may hunt)")
+        require(self.fixed_runs >= 1, "fixed_runs", self.fixed_runs,
+                "an int >= 1 (the clean variant's run count; it has no time budget)")
+        parse_variant(self.variant)
 
 
 @main_guard

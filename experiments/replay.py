@@ -30,7 +30,12 @@ def main(argv: list[str]) -> None:
     path = Path(cfg.scenario)
     if not path.is_file():
         raise ConfigError("scenario", cfg.scenario, "the path of a scenario JSON file written by experiments.hunt")
-    sc = Scenario.from_dict(json.loads(path.read_text()))
+    try:
+        sc = Scenario.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError, AttributeError) as err:   # JSONDecodeError is a ValueError
+        # exit 1 means "an invariant was violated": a file that is not a scenario is exit 2
+        raise ConfigError("scenario", cfg.scenario, "a scenario file from experiments.hunt's "
+                          f"scenarios_dir, not its report or another JSON ({err})") from None
     if cfg.variant:
         sc.variant = cfg.variant
     result = run_scenario(sc)

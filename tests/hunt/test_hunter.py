@@ -73,6 +73,24 @@ def test_bad_hunt_config_names_the_field() -> None:
     assert done.returncode == 2 and "bug" in done.stderr
 
 
+def test_replay_of_a_file_that_is_not_a_scenario_is_a_config_error(tmp_path: Path) -> None:
+    """Exit 1 is replay's "an invariant was violated"; a hunt report given by mistake (or
+    any other JSON) must not read as a finding."""
+    report = tmp_path / "hunt.json"
+    report.write_text('{"budget_s": 60, "violations": {}}')
+    done = subprocess.run([sys.executable, "-m", "experiments.replay", f"scenario={report}"],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert done.returncode == 2 and "scenarios_dir" in done.stderr
+
+
+@pytest.mark.parametrize("field, value", [("fixed_runs", 0), ("budget_s", 0), ("variant", "fixd")])
+def test_hunt_bench_checks_its_keys_before_hunting(field, value) -> None:
+    from experiments.hunt_bench import HuntBenchConfig
+    from openinfer.errors import ConfigError
+    with pytest.raises(ConfigError, match=field):
+        HuntBenchConfig(**{field: value})
+
+
 def test_watchdog_flags_scheduler_passes_that_do_not_advance_time() -> None:
     from sim.hunt.runner import build_world
     from sim.monitors import InvariantViolation, Monitor, MonitorConfig
