@@ -26,6 +26,7 @@ the compute stream), which the profile passes on as ``world.copies_after_step``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from experiments.cli import main_guard, parse_overrides
 from openinfer.errors import ConfigError, require
 from sim.calibration import (COPY_DIRECTIONS, OUTLIER_RATIO, copy_wait, fit_copies, fit_host_gaps, fit_steps, host_gap_s,
                              copy_order, host_hold, read_jsonl)
+from sim.hardware import preset as hardware_preset
 from sim.profile import FittedProfile
 
 TARGETS = ("wall_s", "gpu_s")
@@ -61,6 +63,13 @@ class CalibrateConfig:
                 "(e.g. qwen3-0.6b)")
         require(self.target in TARGETS, "target", self.target, f"one of {', '.join(TARGETS)}")
         require(self.copy_target in TARGETS, "copy_target", self.copy_target, f"one of {', '.join(TARGETS)}")
+        # what a profile is built on, checked before the fit writes one nothing could load
+        try:
+            hardware_preset(self.base_hardware)
+        except ConfigError as err:
+            raise ConfigError("base_hardware", err.value, err.accepted) from None
+        require(self.date is None or re.fullmatch(r"\d{4}-\d{2}-\d{2}", self.date) is not None, "date",
+                self.date, "YYYY-MM-DD (the day the timings were measured)")
 
 
 def _gpu_and_date(cfg: CalibrateConfig) -> tuple[str, str]:

@@ -50,6 +50,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 
 from openinfer.backend.cuda_executor import StepTiming
 from openinfer.backend.instance import RealConfig, RealInstance, build_real_instance
@@ -287,11 +288,25 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m experiments.serve_real CKPT_DIR [DEVICE] [OUT_DIR]`` — a quick run."""
     import sys
     args = sys.argv[1:] if argv is None else argv
-    if not args:
+    if args[:1] in (["--help"], ["-h"]):
         print(__doc__)
+        return 0
+    usage = "usage: python -m experiments.serve_real CKPT_DIR [cpu|cuda] [OUT_DIR] (--help: the API)"
+    device = args[1] if len(args) > 1 else "cuda"
+    problem = None
+    if not 1 <= len(args) <= 3:
+        problem = f"expected 1 to 3 arguments, got {len(args)}"
+    elif not (Path(args[0]) / "config.json").is_file():
+        problem = (f"CKPT_DIR={args[0]!r} has no config.json: expected a checkpoint folder "
+                   "(python -m experiments.make_checkpoint size=tiny out=DIR)")
+    elif device.split(":")[0] not in ("cpu", "cuda"):
+        problem = f"DEVICE={device!r} is invalid: expected cpu or cuda (cuda:N)"
+    elif device != "cpu" and not torch.cuda.is_available():
+        problem = f"DEVICE={device!r} but no CUDA device is visible: pass cpu"
+    if problem is not None:
+        print(f"error: {problem}\n{usage}", file=sys.stderr)
         return 2
-    rep = run_served(args[0], args[1] if len(args) > 1 else "cuda",
-                     out_dir=args[2] if len(args) > 2 else None)
+    rep = run_served(args[0], device, out_dir=args[2] if len(args) > 2 else None)
     slim = {k: v for k, v in rep.items() if k != "phases"}
     slim["phases"] = {k: {n: v for n, v in p.items() if n != "requests"} for k, p in rep["phases"].items()}
     print(json.dumps(slim, indent=2, default=str))

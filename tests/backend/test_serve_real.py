@@ -29,6 +29,20 @@ def test_run_served_hits_gpu_then_cpu_tier_and_writes_records(tiny_ckpt, tiny_mo
     assert served["workload"]["arrival"]["rate"] == "inf"     # strict JSON, no Infinity
 
 
+def test_the_command_line_says_what_is_wrong_before_serving(tmp_path, capsys):
+    from experiments.serve_real import main
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")   # only the checks below run: nothing is served
+    assert main(["--help"]) == 0 and "run_served(" in capsys.readouterr().out
+    for argv, says in (([], "1 to 3 arguments"), ([str(tmp_path)], "no config.json"),
+                       ([str(ckpt), "gpu"], "cpu or cuda"),
+                       ([str(ckpt), "cpu", str(tmp_path), "requests=5"], "1 to 3 arguments")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and "usage:" in err, err
+
+
 def test_make_workload_chat_and_errors():
     w = make_workload(dict(kind="chat", num_sessions=2, turns=2, rate=5))
     assert w.describe()["kind"] == "chat"

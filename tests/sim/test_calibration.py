@@ -103,7 +103,12 @@ def test_profile_and_records_reject_bad_input_by_name(tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")
     with pytest.raises(ConfigError, match="bad.jsonl:1"):
-        calibrate(CalibrateConfig(steps=str(bad), model="m", gpu="g", date="d"))
+        calibrate(CalibrateConfig(steps=str(bad), model="m", gpu="g", date="2026-12-01"))
+    # what the profile would be built on is checked before any fit writes one
+    with pytest.raises(ConfigError, match="base_hardware"):
+        CalibrateConfig(steps="s.jsonl", model="m", base_hardware="h900")
+    with pytest.raises(ConfigError, match="date"):
+        CalibrateConfig(steps="s.jsonl", model="m", date="yesterday")
 
 
 def test_calibrate_cli_names_a_bad_key_and_exits_2() -> None:
