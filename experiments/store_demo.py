@@ -16,7 +16,7 @@ from experiments.cli import main_guard, parse_overrides, write_report
 from openinfer.errors import require
 from openinfer.kv import (CacheScope, HostTier, KvStore, NeverCancelled, Rank, RequestKv,
                           ResolvePolicy, SaveClass, SaveCursor, StoreConfig, salt_hash)
-from openinfer.kv.pool import BlockPool
+from openinfer.kv.pool import BlockPool, check_block_size
 from openinfer.runtime import SimRuntime
 from sim.copy_engine import LinkSpec, ModeledTransfer
 
@@ -35,8 +35,17 @@ class DemoConfig:
     report: str | None = None
 
     def __post_init__(self) -> None:
-        require(self.prompt_tokens >= 1, "prompt_tokens", self.prompt_tokens, "an int >= 1")
+        check_block_size(self.block_size)
+        require(self.prompt_tokens >= self.block_size, "prompt_tokens", self.prompt_tokens,
+                f"an int >= block_size ({self.block_size}): only whole blocks are sealed and saved")
         require(self.suffix_tokens >= 1, "suffix_tokens", self.suffix_tokens, "an int >= 1")
+        need = -(-(self.prompt_tokens + self.suffix_tokens) // self.block_size) + 1
+        require(self.gpu_blocks >= need, "gpu_blocks", self.gpu_blocks,
+                f"an int >= {need}: the second request's blocks plus the padding page")
+        sealed = self.prompt_tokens // self.block_size
+        require(self.host_blocks >= sealed, "host_blocks", self.host_blocks,
+                f"an int >= {sealed}: every sealed block of the prompt, or act 2 restores nothing")
+        require(self.pcie_gib_s > 0, "pcie_gib_s", self.pcie_gib_s, "a number > 0 (GiB/s)")
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
@@ -54,8 +63,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     def scenario() -> Generator[Any, Any, None]:
         kv = RequestKv(pool, prefix, 1, salt_hash())
-        if not kv.schedule_prefill(len(prefix)):
-            raise SystemExit("gpu_blocks too small for the prompt")
+        assert kv.schedule_prefill(len(prefix)), "DemoConfig sizes gpu_blocks for the prompt"
         kv.apply_prefill(next_token=0)
         cursor = SaveCursor()
         t0 = rt.now()
@@ -85,6 +93,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     rt.run_process(scenario())
     report["store_stats"] = store.stats.as_dict()
     report["quiescent"] = store.quiescent(0) == []
+    a1, a2 = report["act1"], report["act2"]
+    report["ok"] = bool(a1["flush_ok"] and a2["restored_blocks"] == a1["sealed_blocks"]
+                        and a2["matched_tokens"] == a1["sealed_blocks"] * cfg.block_size
+                        and report["quiescent"])
     report["config"] = dict(cfg.__dict__)
     return report
 
@@ -100,7 +112,8 @@ def print_report(report: dict[str, Any]) -> None:
           f"hit {a2['hit_tokens']} tokens")
     print(f"         next prefill matched {a2['matched_tokens']} tokens, recomputes "
           f"{a2['recompute_tokens']}")
-    print(f"  quiescent at the end: {report['quiescent']}")
+    print(f"  quiescent at the end: {report['quiescent']}; round trip "
+          f"{'complete' if report['ok'] else 'INCOMPLETE'}")
 
 
 @main_guard
@@ -109,6 +122,8 @@ def main(argv: list[str]) -> None:
     report = run_demo(cfg)
     print_report(report)
     write_report(cfg.report, report)
+    if not report["ok"]:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
