@@ -18,9 +18,11 @@ simulated-to-wall time ratio and peak RSS; then the scaling ratio per case (per-
 wall cost at the largest size over the smallest; 1.00 = linear) and each target of the
 issue with PASS or MISS. The largest of two or more sizes runs ``big_repeats`` times,
 every other size ``repeats`` times. ``<case>_sizes=`` sets one case's sizes; without it a
-case runs ``sizes``, except that the offline batch runs 1000,10000 while ``sizes`` is left
-at its default: every request of it is held from t=0, so a 100k batch peaks at ~1.9 GB
-(measured at b2f7698 with compact prompts; 3.6 GB before them, at 952faf9).
+case runs ``sizes``, and without that its default: 10000,100000, except the offline batch's
+1000,10000: every request of it is held from t=0, so a 100k batch peaks at ~1.9 GB
+(measured at b2f7698 with compact prompts; 3.6 GB before them, at 952faf9). A key that
+none of the chosen cases or sizes reads (``load`` for offline alone, ``pd_sizes`` without
+pd, ``big_repeats`` or ``scaling`` with one size) is refused, not dropped.
 
 ``scaling=paired`` (the default, ``auto``, on a machine with two or more CPUs) runs each
 run of the largest size pinned to one CPU while the smallest size runs back to back on
@@ -72,7 +74,7 @@ TARGET_PEAK_MB = 1500.0    # 1.5 GB = 1,500 MB of 10^6 bytes
 # what the runs measure as they finish.
 NOMINAL = {"chat": 1100.0, "pd": 130.0, "offline": 1100.0}
 STARTUP_S = 1.0            # a fresh interpreter and the imports, per run
-DEFAULT_SIZES = {"offline": "1000,10000"}
+DEFAULT_SIZES = {"chat": "10000,100000", "pd": "10000,100000", "offline": "1000,10000"}
 # Monitor findings a case produces by construction, not by a bug: every request of the
 # t=0 batch is accepted at once, so the last ones end long after the monitors' 30 s
 # terminal bound (checked at the end of the run, after every request completed).
@@ -90,7 +92,7 @@ def _csv(text: str) -> list[str]:
 @dataclass
 class BenchConfig:
     cases: str = ",".join(CASES)
-    sizes: str = "10000,100000"
+    sizes: str | None = None           # every case's sizes; None: each case's default
     chat_sizes: str | None = None      # per-case sizes; None: ``sizes``
     pd_sizes: str | None = None
     offline_sizes: str | None = None   # None: 1000,10000 (see the module docstring)
@@ -133,9 +135,22 @@ class BenchConfig:
 
     def sizes_for(self, case: str) -> list[int]:
         text = getattr(self, f"{case}_sizes")
-        if text is None:
-            text = DEFAULT_SIZES.get(case, self.sizes) if self.sizes == BenchConfig.sizes else self.sizes
+        text = text or self.sizes or DEFAULT_SIZES[case]
         return sorted(int(s) for s in _csv(text))
+
+    def check_keys_read(self, given: set[str]) -> None:
+        """Keys the chosen cases and sizes never read: refused, not dropped."""
+        cases = self.case_list
+        for case in CASES:
+            key = f"{case}_sizes"
+            require(key not in given or case in cases, key, getattr(self, key),
+                    f"unset, or add {case} to cases= (this command runs {','.join(cases)})")
+        require("load" not in given or cases != ["offline"], "load", self.load,
+                "unset with cases=offline: every request of the batch arrives at t=0")
+        one_size = all(len(self.sizes_for(c)) < 2 for c in cases)
+        for key in ("big_repeats", "scaling"):
+            require(key not in given or not one_size, key, getattr(self, key),
+                    "unset when every case runs one size: it applies to the largest of two or more")
 
     @property
     def ours(self) -> dict[str, Any]:

@@ -154,6 +154,15 @@ class BenchOneConfig:
         require(self.qps is None or self.qps > 0, "qps", self.qps, "null (from load) or a number > 0")
         require(0 < self.load <= 2, "load", self.load, "a number in (0, 2]")
         self.overrides = parse_world_overrides(self.world, "world")
+        require("seed" not in self.overrides, "world.seed", self.overrides.get("seed"),
+                "unset: seed= is the run's seed (and the report's)")
+
+    def check_keys_read(self, given: set[str]) -> None:
+        """Keys this case never reads: refused, not dropped."""
+        for key in ("qps", "load"):
+            require(key not in given or self.case != "offline", key, getattr(self, key),
+                    "unset with case=offline: every request of the batch arrives at t=0")
+        require(not {"qps", "load"} <= given, "load", self.load, "unset when qps= is given (it sets the rate)")
 
 
 def run_one(cfg: BenchOneConfig) -> dict[str, Any]:

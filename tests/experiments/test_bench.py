@@ -90,10 +90,13 @@ def test_paired_scaling_runs_the_small_size_beside_the_big_one(tmp_path: Path) -
     ("baseline=variant=bogus", "baseline.variant"), ("world=transfer=x", "world.transfer"),
     ("scaling=both", "scaling"),
     ("frobnicate=1", "frobnicate"),
+    # accepted before, then never read: refused
+    ("cases=offline load=0.1", "load"), ("cases=chat pd_sizes=5", "pd_sizes"),
+    ("sizes=1000 big_repeats=5", "big_repeats"), ("sizes=1000 scaling=sequential", "scaling"),
 ])
 def test_bad_input_names_the_field(arg: str, field: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_overrides(BenchConfig, [arg])
+        parse_overrides(BenchConfig, arg.split())
     assert err.value.field == field and err.value.accepted
 
 
@@ -109,6 +112,8 @@ def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], mon
 def test_plan_defaults_and_estimate(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = BenchConfig()
     assert cfg.sizes_for("chat") == [10_000, 100_000] and cfg.sizes_for("offline") == [1000, 10_000]
+    # sizes= given is every case's, the offline batch's too, even when it equals the default
+    assert BenchConfig(sizes="10000,100000").sizes_for("offline") == [10_000, 100_000]
     assert cfg.repeats_for("chat", 10_000) == 3 and cfg.repeats_for("chat", 100_000) == 1
     jobs, rates = bench.plan(BenchConfig(baseline="monitors=false"))
     assert len(jobs) == 24 and [j.side for j in jobs[:2]] == ["ours", "baseline"]
@@ -153,3 +158,14 @@ def test_a_waiting_offline_request_holds_a_compact_prompt() -> None:
     assert len(waiting) > 0.8 * n and all(is_compact(p.req.prompt) for p in waiting)
     prompt_tokens = sum(p.prompt_len for p in waiting)
     assert held / prompt_tokens < 16, f"{held / prompt_tokens:.1f} bytes per waiting prompt token"
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["case=offline", "qps=5"], "qps"), (["case=offline", "load=0.1"], "load"),
+    (["qps=5", "load=0.3"], "load"), (["world=seed=1"], "world.seed"),
+])
+def test_bench_one_refuses_keys_its_run_would_not_read(argv, field) -> None:
+    from experiments.bench_one import BenchOneConfig
+    with pytest.raises(ConfigError) as err:
+        parse_overrides(BenchOneConfig, argv)
+    assert err.value.field == field
