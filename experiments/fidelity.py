@@ -63,6 +63,7 @@ from sim.world import World, WorldConfig
 
 LATENCIES = ("ttft", "tpot", "e2el")
 ARRIVALS = ("closed", "real")
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
 TARGETS = {"tpot_mean": 0.03, "throughput": 0.03, "ttft_mean": 0.10, "ttft_p99": 0.15, "hit_points": 2.0}
 
 
@@ -71,7 +72,7 @@ class FidelityConfig:
     served: str = ""
     profile: str = ""
     report: str | None = None
-    workload: str = "heldout"         # which served workload of a validate report
+    workload: str | None = None       # which served workload of a validate report (None: heldout)
     model_config: str | None = None   # config.json of the served checkpoint, if not a preset geometry
     max_sim_s: float = 3600.0
     repeat: str | None = None         # another capture of the same workload: the real run's own spread
@@ -87,6 +88,8 @@ class FidelityConfig:
         require(isinstance(self.sensitivity, (int, float)) and not isinstance(self.sensitivity, bool)
                 and (self.sensitivity == 0 or 0.001 <= self.sensitivity < 0.5), "sensitivity", self.sensitivity,
                 "0 (off) or a fraction in [0.001, 0.5), e.g. 0.01 for step times 1% shorter and longer")
+        require(self.figure is None or Path(self.figure).suffix.lower() in FIGURE_SUFFIXES, "figure",
+                self.figure, f"a file name ending in {', '.join(FIGURE_SUFFIXES)}")
 
 
 def _read_json(key: str, path: str) -> dict[str, Any]:
@@ -96,12 +99,18 @@ def _read_json(key: str, path: str) -> dict[str, Any]:
         raise ConfigError(key, path, f"a readable JSON report ({err})") from None
 
 
-def load_served(path: str, workload: str = "heldout") -> dict[str, Any]:
+def load_served(path: str, workload: str | None = None, key: str = "served") -> dict[str, Any]:
     """A run_served report, from its own file or from inside a validate report, where the
-    per-request records of all phases sit in one ``requests_detail`` list."""
-    data = _read_json("served", path)
+    per-request records of all phases sit in one ``requests_detail`` list. ``workload``
+    picks one of a validate report's served workloads (None: heldout); a served.json holds
+    one run, so naming a workload there is refused rather than ignored."""
+    data = _read_json(key, path)
     if "phases" in data and "instance" in data:
+        require(workload is None, "workload", workload,
+                f"unset: {path} is one served run (a served.json); workload= picks among a "
+                "validate report's served workloads")
         return data
+    workload = workload or "heldout"
     workloads = (data.get("served") or {}).get("workloads") or {}
     require(workload in workloads, "workload", workload,
             f"one of the served workloads in {path}: {', '.join(workloads) or 'none (no served section)'}")
@@ -307,6 +316,7 @@ def verdict(err: dict[str, Any]) -> dict[str, bool]:
 
 def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
     served = load_served(cfg.served, cfg.workload)
+    again = load_served(cfg.repeat, cfg.workload, key="repeat") if cfg.repeat else None  # before the runs
     profile = FittedProfile.load(cfg.profile)
     sim_log: list[tuple[float, str, float]] = []
     sim_phases, sim_wall = simulate_served(served, profile, cfg.max_sim_s, cfg.model_config, sim_log,
@@ -329,8 +339,8 @@ def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
         rep["steps"] = cfg.steps
         for ph, c in cmp.items():
             phases[ph]["steps"] = c
-    if cfg.repeat:
-        rep["repeat"] = repeat_section(cfg.repeat, cfg.workload, served, phases, bs)
+    if again is not None:
+        rep["repeat"] = repeat_section(cfg.repeat, again, served, phases, bs)
     if cfg.sensitivity:
         rep["sensitivity"] = sensitivity_section(cfg, served, profile, phases, bs)
     return rep
@@ -355,13 +365,12 @@ def sensitivity_section(cfg: FidelityConfig, served: dict[str, Any], profile: Fi
     return out
 
 
-def repeat_section(path: str, workload: str, served: dict[str, Any], phases: dict[str, Any],
+def repeat_section(path: str, again: dict[str, Any], served: dict[str, Any], phases: dict[str, Any],
                    block_size: int) -> dict[str, Any]:
     """A second real capture of the same workload on the same instance configuration: how
     far the real run is from itself (``real_vs_real``: the repeat against the first, as
     relative errors like the simulator's) and the simulator's error against the repeat.
     The simulator is deterministic, so its run is the one already made."""
-    again = load_served(path, workload)
     require(again["workload"] == served["workload"], "repeat", path, "a capture of the same workload")
     require(again["instance"]["config"] == served["instance"]["config"], "repeat", path,
             "a capture on the same instance configuration")

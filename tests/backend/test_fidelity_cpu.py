@@ -81,6 +81,8 @@ def test_fidelity_options_are_checked_before_anything_runs() -> None:
         FidelityConfig(served="s.json", profile="p.yaml", arrivals="replay")
     with pytest.raises(ConfigError, match="sensitivity"):
         FidelityConfig(served="s.json", profile="p.yaml", sensitivity=0.5)
+    with pytest.raises(ConfigError, match="figure"):
+        FidelityConfig(served="s.json", profile="p.yaml", figure="x.txt")
     with pytest.raises(ConfigError, match="arrivals.*chat workload"):
         pinned_workloads(dict(workload=RandomWorkload().describe(), phases={}))
 
@@ -100,6 +102,15 @@ def test_a_validate_report_yields_the_same_served_run(tiny_ckpt, tiny_model, tmp
     path = tmp_path / "validate.json"
     path.write_text(json.dumps(wrapped))
     assert load_served(str(path))["phases"] == json.loads(json.dumps(held))["phases"]
+    assert load_served(str(path), "heldout")["phases"] == load_served(str(path))["phases"]
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps(held))
+    assert load_served(str(served))["phases"] == json.loads(json.dumps(held))["phases"]
+    from openinfer.errors import ConfigError
+    with pytest.raises(ConfigError, match="workload"):      # one run: nothing to pick
+        load_served(str(served), "fit")
+    with pytest.raises(ConfigError, match="repeat"):        # named by the key that gave it
+        load_served(str(tmp_path / "missing.json"), key="repeat")
 
 
 def test_the_replay_serves_the_phases_in_the_real_order_whatever_order_a_report_lists() -> None:
