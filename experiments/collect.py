@@ -66,7 +66,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: no result.json under {dirs[0]}", file=sys.stderr)
         raise SystemExit(2)
     out = Path(opts.get("out", Path(dirs[0]) / "table.csv"))
-    write_csv(rows, out)
+    try:
+        write_csv(rows, out)
+    except OSError as err:
+        print(f"error: out={out} cannot be written ({err.strerror}): expected a CSV path in a "
+              "folder that exists or can be made", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"{len(rows)} rows -> {out}")
 
 

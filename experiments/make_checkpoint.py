@@ -23,6 +23,8 @@ def parse_args(argv: list[str]) -> dict:
     missing keys raise ConfigError naming them."""
     for a in argv:
         require("=" in a, "argument", a, "key=value")
+        key = a.split("=", 1)[0]
+        require(key in DEFAULTS, key, a.split("=", 1)[1], f"one of the keys {', '.join(DEFAULTS)}")
     given = OmegaConf.to_container(OmegaConf.from_dotlist(argv))
     unknown = sorted(set(given) - set(DEFAULTS))
     require(not unknown, unknown[0] if unknown else "", given.get(unknown[0]) if unknown
@@ -32,15 +34,19 @@ def parse_args(argv: list[str]) -> dict:
     require(args["out"] is not None, "out", None, "an output directory")
     require(args["dtype"] in ("bfloat16", "float32"), "dtype", args["dtype"],
             "bfloat16 or float32")
-    require(isinstance(args["seed"], int) and args["seed"] >= 0, "seed", args["seed"],
+    require(type(args["seed"]) is int and args["seed"] >= 0, "seed", args["seed"],
             "an int >= 0")
     args["out"] = str(args["out"])
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["--help"], ["-h"]):
+        print(__doc__)
+        return 0
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        args = parse_args(argv)
     except ConfigError as e:
         print(f"make_checkpoint: {e}\n{__doc__}", file=sys.stderr)
         return 2

@@ -220,7 +220,13 @@ def main(argv: list[str] | None = None) -> None:
               "python -m experiments.collect MULTIRUN_DIR out=TABLE.csv", file=sys.stderr)
         raise SystemExit(2)
     out = Path(opts.get("out", Path(tables[0]).parent))
-    for p in sweep_figures(read_table(tables[0]), out):
+    written = sweep_figures(read_table(tables[0]), out)
+    if not written:   # a table of one setting, or not a collect table at all: say so
+        print(f"error: {tables[0]} has no column that varies over its rows among workload.qps and "
+              "store.host_tier_gib: expected a sweep table (python -m experiments.collect)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    for p in written:
         print(p)
 
 

@@ -60,3 +60,8 @@ def test_plots_of_a_missing_table_says_what_it_expected(tmp_path, capsys) -> Non
         plots.main([str(tmp_path / "nope.csv")])
     assert stop.value.code == 2
     assert "experiments.collect" in capsys.readouterr().err
+    flat = tmp_path / "flat.csv"     # a table with nothing swept: no figure to draw, said so
+    flat.write_text("variant,workload.qps\nfixed,4\npr829,4\n")
+    with pytest.raises(SystemExit) as stop:
+        plots.main([str(flat)])
+    assert stop.value.code == 2 and "no column that varies" in capsys.readouterr().err

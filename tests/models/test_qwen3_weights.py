@@ -108,6 +108,8 @@ def test_cli_writes_checkpoint(tmp_path, capsys):
     (["size=tiny"], "out"),
     (["size=tiny", "out=/x", "dtype=int8"], "dtype"),
     (["size=tiny", "out=/x", "seed=-1"], "seed"),
+    (["size=tiny", "out=/x", "seed=true"], "seed"),          # not taken as seed 1
+    (["size=tiny", "out.x=1"], "out.x"),                     # not a folder named {'x': 1}
 ])
 def test_cli_rejects_bad_args(argv, field):
     cli = _cli()
