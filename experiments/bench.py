@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench_paired import PairedRun, PairedRunFailed, last_json_line, run_paired, usable_cpus
-from experiments.bench_one import CASES, format_world_overrides, parse_world_overrides, saturation, world_config
+from experiments.bench_one import (CASES, check_run_overrides, format_world_overrides, parse_world_overrides,
+                                   saturation, world_config)
 from experiments.cli import main_guard, parse_overrides, write_report
 from openinfer.errors import require
 
@@ -127,7 +128,11 @@ class BenchConfig:
         require(self.scaling in SCALING_METHODS, "scaling", self.scaling, f"one of {', '.join(SCALING_METHODS)}")
         require(self.scaling != "paired" or len(usable_cpus()) >= 2, "scaling", self.scaling,
                 "sequential or auto on this machine: paired needs two CPUs and this process may use one")
-        self.ours, self.base  # noqa: B018 -- parse both now: a bad override stops the command here
+        # parse both now, and check them as each case's run would: a bad override stops the
+        # command here, not at its first run
+        check_run_overrides(self.ours, "world", cases)
+        if self.base is not None:
+            check_run_overrides(self.base, "baseline", cases)
 
     @property
     def case_list(self) -> list[str]:

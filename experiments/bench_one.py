@@ -92,6 +92,20 @@ def format_world_overrides(overrides: dict[str, Any]) -> str:
     return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())
 
 
+def check_run_overrides(overrides: dict[str, Any], key: str, cases: list[str]) -> None:
+    """What a run of each case would refuse, refused when the command starts (bench checks
+    its whole plan here, before the first of many runs)."""
+    require("seed" not in overrides, f"{key}.seed", overrides.get("seed"),
+            "unset: seed= is the run's seed (and the report's)")
+    if "pd" in cases:
+        from sim.cluster import ClusterConfig
+        try:
+            ClusterConfig(world=world_config(overrides), mixed=0, prefill=1, decode=1)
+        except ConfigError as err:
+            raise ConfigError(f"{key}.{err.field.removeprefix('world.')}", err.value,
+                              err.accepted) from None
+
+
 def world_config(overrides: dict[str, Any], seed: int = 0) -> WorldConfig:
     base: dict[str, Any] = dict(seed=seed, host_tier_gib=8.0, prefix_cache=True, num_blocks=None)
     base.update(overrides)
@@ -154,8 +168,7 @@ class BenchOneConfig:
         require(self.qps is None or self.qps > 0, "qps", self.qps, "null (from load) or a number > 0")
         require(0 < self.load <= 2, "load", self.load, "a number in (0, 2]")
         self.overrides = parse_world_overrides(self.world, "world")
-        require("seed" not in self.overrides, "world.seed", self.overrides.get("seed"),
-                "unset: seed= is the run's seed (and the report's)")
+        check_run_overrides(self.overrides, "world", [self.case])
 
     def check_keys_read(self, given: set[str]) -> None:
         """Keys this case never reads: refused, not dropped."""

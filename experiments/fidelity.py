@@ -106,7 +106,9 @@ def load_served(path: str, workload: str | None = None, key: str = "served") -> 
     one run, so naming a workload there is refused rather than ignored."""
     data = _read_json(key, path)
     if "phases" in data and "instance" in data:
-        require(workload is None, "workload", workload,
+        # (a repeat may be one run beside a validate report's pick: the served= file's own
+        # workload is what it must match, checked by repeat_section)
+        require(workload is None or key != "served", "workload", workload,
                 f"unset: {path} is one served run (a served.json); workload= picks among a "
                 "validate report's served workloads")
         return data

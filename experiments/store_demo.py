@@ -39,9 +39,9 @@ class DemoConfig:
         require(self.prompt_tokens >= self.block_size, "prompt_tokens", self.prompt_tokens,
                 f"an int >= block_size ({self.block_size}): only whole blocks are sealed and saved")
         require(self.suffix_tokens >= 1, "suffix_tokens", self.suffix_tokens, "an int >= 1")
-        need = -(-(self.prompt_tokens + self.suffix_tokens) // self.block_size) + 1
+        need = -(-self.prompt_tokens // self.block_size) + 1
         require(self.gpu_blocks >= need, "gpu_blocks", self.gpu_blocks,
-                f"an int >= {need}: the second request's blocks plus the padding page")
+                f"an int >= {need}: the prompt's blocks plus the padding page")
         sealed = self.prompt_tokens // self.block_size
         require(self.host_blocks >= sealed, "host_blocks", self.host_blocks,
                 f"an int >= {sealed}: every sealed block of the prompt, or act 2 restores nothing")

@@ -109,6 +109,8 @@ def test_a_validate_report_yields_the_same_served_run(tiny_ckpt, tiny_model, tmp
     from openinfer.errors import ConfigError
     with pytest.raises(ConfigError, match="workload"):      # one run: nothing to pick
         load_served(str(served), "fit")
+    # a repeat capture may be one run beside a validate report's workload=fit pick
+    assert load_served(str(served), "fit", key="repeat")["phases"] == load_served(str(served))["phases"]
     with pytest.raises(ConfigError, match="repeat"):        # named by the key that gave it
         load_served(str(tmp_path / "missing.json"), key="repeat")
 

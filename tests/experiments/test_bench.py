@@ -93,6 +93,9 @@ def test_paired_scaling_runs_the_small_size_beside_the_big_one(tmp_path: Path) -
     # accepted before, then never read: refused
     ("cases=offline load=0.1", "load"), ("cases=chat pd_sizes=5", "pd_sizes"),
     ("sizes=1000 big_repeats=5", "big_repeats"), ("sizes=1000 scaling=sequential", "scaling"),
+    # what every run would refuse, refused before the first one
+    ("world=seed=3", "world.seed"), ("baseline=seed=3", "baseline.seed"),
+    ("cases=pd world=host_tier_gib=0", "world.host_tier_gib"),
 ])
 def test_bad_input_names_the_field(arg: str, field: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -102,23 +102,27 @@ def test_unknown_key_and_section_are_refused():
         parse_overrides(ValidateConfig, ["report=x.json", "sections=golden,bogus"])
 
 
-def test_a_section_that_raises_is_recorded_and_fails_the_command(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("part", ["section", "golden size"])
+def test_a_section_that_raises_is_recorded_and_fails_the_command(part, monkeypatch, tmp_path, capsys):
     """The report keeps the error (the other sections still run), and the exit code says the
-    run failed, so a script that checks it does not take the report for a good one."""
+    run failed, so a script that checks it does not take the report for a good one: also
+    when only a part of a section raised (each golden size and benchmark is guarded alone)."""
     import sys
 
+    from experiments.validate import golden
     from experiments.validate import main as M
 
     def broken(*_a, **_k):
         raise RuntimeError("golden blew up")
-    monkeypatch.setattr(M, "_golden", broken)
+    monkeypatch.setattr(*((M, "_golden") if part == "section" else (golden, "golden_for_pack")), broken)
     monkeypatch.setattr(sys, "argv", ["validate", f"report={tmp_path}/r.json", "device=cpu",
-                                      "sections=golden"])
+                                      "sections=golden", "golden_sizes=tiny", f"scratch={tmp_path}/ck"])
     with pytest.raises(SystemExit) as stop:
         M.main()
     assert stop.value.code == 1 and "section golden raised" in capsys.readouterr().err
     saved = json.loads((tmp_path / "r.json").read_text())
-    assert saved["golden"]["status"] == "error" and "golden blew up" in saved["golden"]["error"]
+    failed = saved["golden"] if part == "section" else saved["golden"]["tiny"]
+    assert failed["status"] == "error" and "golden blew up" in failed["error"]
 
 
 def test_bench_reports_failed_bounds_instead_of_a_key_error(monkeypatch):
