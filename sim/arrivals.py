@@ -32,7 +32,7 @@ class ArrivalSpec:
                 "a number in (0, 100]")
         require(self.process == "gamma" or self.cv == 1.0, "arrival.cv", self.cv,
                 "1 unless the arrival process is gamma: Poisson gaps have cv 1, so another value "
-                "would be ignored (gamma with cv 1 draws the same exponential gaps, so a sweep "
+                "would be ignored (gamma with cv 1 draws exponential gaps too, so a sweep "
                 "against Poisson is arrival=gamma with cv=1,2)")
 
     def gap(self, rng: random.Random) -> float:
