@@ -61,6 +61,18 @@ class LengthDist:
             return (self.low + self.high) / 2
         return float(self.mean)
 
+    @property
+    def least(self) -> int:
+        """The smallest draw ``sample`` can return."""
+        if self.kind == "fixed":
+            low = int(round(self.mean))
+        elif self.kind == "uniform":
+            low = self.low
+        else:   # a lognormal or exponential draw can round down to 0
+            low = 0
+        low = max(low, self.min)
+        return low if self.max is None else min(low, self.max)
+
     def sample(self, rng: random.Random) -> int:
         if self.kind == "fixed":
             v = int(round(self.mean))

@@ -81,6 +81,10 @@ class RandomWorkload:
         r = self.range_ratio
         return max(1, int(length * (1 - r))), max(1, int(length * (1 + r)))
 
+    def smallest_request(self) -> tuple[int, int]:
+        """(prompt tokens, max_tokens) no request of this workload goes below."""
+        return self.prefix_len + self.bounds(self.input_len)[0], self.bounds(self.output_len)[0]
+
     def run(self, rt: Runtime, client: Client) -> Generator[Event, Any, None]:
         rng = rt.rng("workload/lengths")
         in_lo, in_hi = self.bounds(self.input_len)
@@ -148,6 +152,10 @@ class ChatWorkload:
                 "workload.max_context_tokens", self.max_context_tokens, "an int >= 2")
         require(self.max_requests is None or (isinstance(self.max_requests, int) and self.max_requests >= 1),
                 "workload.max_requests", self.max_requests, "null or an int >= 1")
+
+    def smallest_request(self) -> tuple[int, int]:
+        """(prompt tokens, max_tokens) no turn goes below: a first turn's."""
+        return self.system_prompt_len + max(1, self.user_len.least), max(1, self.output_len.least)
 
     def run(self, rt: Runtime, client: Client, send_at: Mapping[tuple[int, int], float] | None = None
             ) -> Generator[Event, Any, None]:

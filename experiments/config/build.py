@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
 from openinfer.errors import ConfigError, require
+from openinfer.kv.request_kv import lifetime_blocks
 from openinfer.variants import variant as parse_variant
 from sim.cluster import ClusterConfig
 from sim.cluster_run import PlacedFault
@@ -102,6 +103,24 @@ def make_workload(w: Any, max_context_tokens: int) -> Workload:
     return workload_from_flat(flat)
 
 
+class _HasSmallest(Protocol):
+    def smallest_request(self) -> tuple[int, int]: ...
+
+
+def check_serves_one(workload: _HasSmallest, world: WorldConfig) -> None:
+    """Refuse limits under which even the workload's smallest request is never served (the
+    run would reject every request, or a chat session would end before its first turn)."""
+    prompt, max_tokens = workload.smallest_request()
+    require(prompt + max_tokens <= world.max_context_tokens, "scheduler.max_context_tokens",
+            world.max_context_tokens, f"an int >= {prompt + max_tokens}: the workload's smallest request "
+            f"is {prompt} prompt + {max_tokens} output tokens")
+    if world.num_blocks is not None:   # a pool sized from memory holds any request
+        need = lifetime_blocks(prompt, max_tokens, world.block_size)
+        require(need < world.num_blocks, "store.num_blocks", world.num_blocks,
+                f"an int >= {need + 1}: the workload's smallest request needs {need} KV pages, "
+                "and one page of the pool is the padding page")
+
+
 def make_faults(cfg: Any, instances: list[str], has_host_tier: bool) -> list[PlacedFault]:
     out = []
     for i, f in enumerate(cfg.faults.schedule):
@@ -173,6 +192,7 @@ def _build(cfg: Any) -> Experiment:
     instances = ([f"mixed{i}" for i in range(first.mixed)] + [f"prefill{i}" for i in range(first.prefill)]
                  + [f"decode{i}" for i in range(first.decode)])
     workload = make_workload(cfg.workload, cfg.scheduler.max_context_tokens)
+    check_serves_one(workload, first.world)  # type: ignore[arg-type]  # chat and random have it
     faults = make_faults(cfg, instances, first.has_host_tier)
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else {}
     return Experiment(names, clusters, workload, faults, e.settle_s, e.chunk_s, e.monitors, e.progress, e.plots,

@@ -44,6 +44,11 @@ from openinfer.errors import ConfigError
     (["backend.calibration=x.json"], "backend.calibration", "step_model"),
     (["workload.cv=2"], "workload.cv", "gamma"),
     (["store.host_tier_gib=0"], "store.host_tier_gib", "P/D"),   # the handoff needs the tier
+    # limits under which not even the smallest request is served: every one rejected
+    (["store.num_blocks=2"], "store.num_blocks", ">= 34"),
+    (["workload=random", "workload.prefix_len=5000", "workload.input_len=100"], "store.num_blocks",
+     "smallest request"),
+    (["scheduler.max_context_tokens=100"], "scheduler.max_context_tokens", ">= 514"),
     (["experiment=mixed2", "store.host_tier_gib=0", "faults.schedule=[{port:save,kind:stall}]"],
      "faults.schedule[0].port", "host_tier_gib > 0"),
     # a bad value past the first MAX_COMBOS jobs of a grid

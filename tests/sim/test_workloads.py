@@ -279,3 +279,19 @@ def test_generic_jsonl_and_synthetic_mooncake_format() -> None:
     lines = synthetic_mooncake_lines(50, 1)
     assert all({"timestamp", "input_length", "output_length", "hash_ids"} <= set(json.loads(x)) for x in lines)
     assert len(parse_lines(lines)) == 50
+
+
+def test_smallest_request_is_a_lower_bound_of_every_request_sent() -> None:
+    """What start-up checks the pool and context limits against: no request goes below it."""
+    random_wl = RandomWorkload(num_requests=200, input_len=50, output_len=9, range_ratio=0.5, prefix_len=7,
+                               arrival=ArrivalSpec(rate=1000.0))
+    chat = ChatWorkload(num_sessions=30, turns=LengthDist.fixed(3), system_prompt_len=20,
+                        user_len=LengthDist.lognormal(10, 1.0), output_len=LengthDist.uniform(3, 9),
+                        think_time_s=0.0, arrival=ArrivalSpec(rate=1000.0))
+    assert random_wl.smallest_request() == (7 + 25, 4)
+    assert chat.smallest_request() == (21, 3)
+    for wl in (random_wl, chat):
+        least_prompt, least_out = wl.smallest_request()
+        sent, _, _ = _drive(wl)
+        assert sent and all(len(r.prompt) >= least_prompt and r.max_tokens >= least_out for r in sent)
+    assert LengthDist.fixed(12).least == 12 and LengthDist.lognormal(100, 0.5, min=5).least == 5
