@@ -77,6 +77,12 @@ class ValidateConfig:
         require(bool(backends) and all(b in BACKENDS for b in backends), "golden_backends",
                 self.golden_backends, f"a comma list of {', '.join(BACKENDS)}")
         check_block_size(self.block_size)
+        from openinfer.models.qwen3.kernels._interpret import interpreting
+        require(common.is_cuda(self.device) or interpreting() or "triton" not in backends
+                or "golden" not in self.section_list(), "golden_backends", self.golden_backends,
+                "reference with device=cpu unless TRITON_INTERPRET=1: Triton kernels run on the CPU "
+                "only in the interpreter, chosen before the command starts (a machine without a "
+                "GPU chooses it by itself)")
         unknown = [s for s in self.section_list() if s not in SECTIONS]
         require(not unknown, "sections", self.sections, f"a comma list of {', '.join(SECTIONS)}")
         chosen = self.served_workload_list()

@@ -6,12 +6,18 @@ need CUDA events and graphs and must say so. The GPU run is scripts/device_valid
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("simpy")
+# The CPU path runs the Triton kernels in the interpreter, which only a machine without a
+# GPU turns on by itself (tests/conftest.py); on a GPU machine: TRITON_INTERPRET=1 pytest ...
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+    reason="validate's CPU path needs TRITON_INTERPRET=1 on a machine with a GPU")
 
 from experiments.cli import parse_overrides  # noqa: E402
 from experiments.validate.main import ValidateConfig, run  # noqa: E402
@@ -93,6 +99,16 @@ def test_served_workloads_finish_with_hits_from_both_tiers(report):
         copies = [r for r in recs if r["type"] == "copy"]
         assert copies and {r["dir"] for r in copies} >= {"d2h", "h2d"}   # CPU copies: 0 s, unfit
     assert sv["workloads"]["fit"]["workload"]["kind"] != sv["workloads"]["heldout"]["workload"]["kind"]
+
+
+def test_triton_goldens_on_the_cpu_need_the_interpreter(monkeypatch):
+    """On a GPU machine the interpreter is off, and the Triton backend cannot run on CPU
+    tensors: refused when the config is made, not as an error inside the golden section."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ConfigError, match="golden_backends"):
+        ValidateConfig(report="x.json", device="cpu", golden_sizes="tiny")
+    ValidateConfig(report="x.json", device="cpu", golden_sizes="tiny", golden_backends="reference")
+    ValidateConfig(report="x.json", device="cpu", sections="offload")
 
 
 def test_unknown_key_and_section_are_refused():
