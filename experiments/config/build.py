@@ -2,8 +2,10 @@
 
 Every range rule is the simulator's own ``__post_init__`` (WorldConfig, ClusterConfig,
 FaultSpec, the workloads, ArrivalSpec, LengthDist) or its preset/variant lookups; this
-module only maps their field names back to the Hydra keys a user typed, so an error names
-``store.num_blocks`` rather than ``world.num_blocks``.
+module maps their field names back to the Hydra keys a user typed, so an error names
+``store.num_blocks`` rather than ``world.num_blocks``. The only rules here are those
+between objects no one of them sees together: a fault's port against the instances'
+tiers, and the pool and context limits against the workload's smallest request.
 """
 
 from __future__ import annotations
