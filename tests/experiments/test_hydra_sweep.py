@@ -30,6 +30,10 @@ def test_joblib_multirun_is_collected(tmp_path: Path) -> None:
     assert sorted(r["workload.qps"] for r in rows) == ["4", "8"]
     assert all(r["variant"] == "fixed" and r["finished"] == r["sent"] for r in rows)
     assert plots.vs_qps(rows, tmp_path / "qps.png") and (tmp_path / "qps.png").stat().st_size > 1000
+    under_a_file = tmp_path / "table.csv" / "again.csv"     # one line, not a traceback
+    p = subprocess.run([sys.executable, "-m", "experiments.collect", str(tmp_path), f"out={under_a_file}"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "cannot be written" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.slow
