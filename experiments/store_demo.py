@@ -17,6 +17,7 @@ from openinfer.errors import require
 from openinfer.kv import (CacheScope, HostTier, KvStore, NeverCancelled, Rank, RequestKv,
                           ResolvePolicy, SaveClass, SaveCursor, StoreConfig, salt_hash)
 from openinfer.kv.pool import BlockPool, check_block_size
+from openinfer.kv.request_kv import ceil_div
 from openinfer.runtime import SimRuntime
 from sim.copy_engine import LinkSpec, ModeledTransfer
 
@@ -39,7 +40,7 @@ class DemoConfig:
         require(self.prompt_tokens >= self.block_size, "prompt_tokens", self.prompt_tokens,
                 f"an int >= block_size ({self.block_size}): only whole blocks are sealed and saved")
         require(self.suffix_tokens >= 1, "suffix_tokens", self.suffix_tokens, "an int >= 1")
-        need = -(-self.prompt_tokens // self.block_size) + 1
+        need = ceil_div(self.prompt_tokens, self.block_size) + 1
         require(self.gpu_blocks >= need, "gpu_blocks", self.gpu_blocks,
                 f"an int >= {need}: the prompt's blocks plus the padding page")
         sealed = self.prompt_tokens // self.block_size
