@@ -155,7 +155,8 @@ def test_d2h_is_ordered_after_the_producing_step_on_the_gpu():
     """A page written by slow work on the compute stream is saved with the NEW bytes even
     though the copy is submitted before that work has finished."""
     rt = SimRuntime(0)
-    arena = KVArena.allocate(8, 4, 2, 16, 8, 128, torch.bfloat16, "cuda")
+    arena = KVArena.allocate(num_pages=8, num_layers=4, block_size=16, num_kv_heads=8,
+                             head_dim=128, dtype=torch.bfloat16, device="cuda")
     host = PinnedHostArena.like(arena, 4)
     tr = CudaTransfer(rt, arena, host)
     x = torch.randn(4096, 4096, device="cuda")
