@@ -79,18 +79,20 @@ def test_prefill_bf16(device):
     torch.testing.assert_close(out, ref, **BF16_TOL)
 
 
+@pytest.mark.parametrize("read_ahead", [True, False])
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3, 4])
-def test_decode_split_kv_with_padding_rows(device, num_splits, cached):
+def test_decode_split_kv_with_padding_rows(device, num_splits, cached, read_ahead):
     # seq lens 5, 17, 33, 1, 11, 70: empty splits, one tile, several tiles a split
-    # (70 tokens over 3 or 4 splits of up to 24 tokens, tiles of 16), a length mid-page
+    # (70 tokens over 3 or 4 splits of up to 24 tokens, tiles of 16), a length mid-page;
+    # the first tile read ahead of the wait or after it
     seqs = [(4, 1), (16, 1), (32, 1), (0, 1), (10, 1), (69, 1)]
     arena = _arena(device, 4, num_pages=48)
     bt, lens, qloc, T = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=2)
     q = torch.randn(T, HQ, D, device=device)
     kc, vc = arena.k(0), arena.v(0)
     out = K.decode_attention(q, kc, vc, bt, lens, 0.25, num_splits=num_splits, block_n=16,
-                             cached_splits=cached)
+                             cached_splits=cached, read_ahead=read_ahead)
     ref = R.paged_attention(q, kc, vc, bt, lens, qloc, 0.25)
     assert torch.isfinite(out).all()
     assert (out - ref).abs().max().item() <= FP32_ATOL
@@ -107,10 +109,11 @@ def test_decode_bf16(device):
     torch.testing.assert_close(out, ref, **BF16_TOL)
 
 
+@pytest.mark.parametrize("read_ahead", [True, False])
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("dtype,parts,num_splits", [(torch.float32, 1, 1), (torch.float32, 3, 3),
                                                      (torch.float32, 1, 4), (torch.bfloat16, 2, 3)])
-def test_decode_from_qkv_parts(device, dtype, parts, num_splits, cached):
+def test_decode_from_qkv_parts(device, dtype, parts, num_splits, cached, read_ahead):
     """The decode attention that does q/k norm + RoPE + KV write itself equals the two
     reference steps (qkv_norm_rope_write, then paged attention): outputs, and the arena
     after it, where only the newest token's slot of each real row changed. The newest slot
@@ -132,7 +135,8 @@ def test_decode_from_qkv_parts(device, dtype, parts, num_splits, cached):
     got, want = arena.data.clone(), arena.data.clone()
     src = K.QKVParts(qkv, HQ, wq, wk, cos, sin, last, slots, 1e-6)
     out = K.decode_attention(src, got[:, 1, 0], got[:, 1, 1], bt, lens, 0.25,
-                             num_splits=num_splits, block_n=16, cached_splits=cached)
+                             num_splits=num_splits, block_n=16, cached_splits=cached,
+                             read_ahead=read_ahead)
     q = R.qkv_norm_rope_write(qkv, wq, wk, cos, sin, last, 1e-6, want[:, 1, 0], want[:, 1, 1],
                               slots, HQ)
     ref = R.paged_attention(q, want[:, 1, 0], want[:, 1, 1], bt, lens, qloc, 0.25)

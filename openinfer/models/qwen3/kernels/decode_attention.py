@@ -10,7 +10,8 @@ compile-time constant chosen per batch bucket.
 
 Every cached token but the newest (position ``seq_len - 1``) was written before the kernel
 this one waits on, so each program reads its page-table entries and its first K/V tile
-ahead of the PDL wait and folds the newest token in after it, as one extra row. Given
+ahead of the PDL wait and folds the newest token in after it, as one extra row (batches of
+at least WAIT_FIRST_ROWS rows wait first, as the kernel of 12-04 did). Given
 ``QKVParts`` instead of q, the kernel also does what ``qkv_rope`` does for a decode row
 (q/k norm + RoPE, the newest K/V into its slot), one launch fewer a layer; it pays at batch
 1 and is the default there (results/gpu/decode_from_qkv/).
@@ -63,6 +64,16 @@ MAX_SPLITS = env_choice("OPENINFER_DECODE_MAX_SPLITS", 33, (16, 32, 33, 48, 64),
                         "most KV splits a decode row gets")
 MIN_SPLIT_TOKENS = env_choice("OPENINFER_DECODE_MIN_SPLIT_TOKENS", 128, (32, 64, 128),
                               "fewest tokens a split of a full-length context gets")
+# The 12-04 form of the kernel: wait first, then WAIT_FIRST_BLOCK_N-token tiles. On the H200
+# of 12-06 (results/gpu/dec06_h200/) batch 32 and 64 at 4k took 8.87 and 13.78 ms, against
+# 7.89 and 12.17 ms with that form on 12-04 (+12-13%; at 1k +3-5%), while on an H100 the
+# read-ahead 32-token form had cost those batches at most 1.3% (results/gpu/decode_from_qkv/).
+# Batches of at least WAIT_FIRST_ROWS rows take it; 0 (the default until it is measured side
+# by side) leaves every batch on the read-ahead form.
+WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 2, 8, 16, 32, 64),
+                             "smallest decode batch that waits before reading K/V (0: none)")
+WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 32, 64, 128),
+                                "tokens per K/V tile when the kernel waits first")
 
 
 @triton.jit
@@ -81,13 +92,14 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
                          HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
-                         PDL: tl.constexpr):
+                         AHEAD: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     # Step inputs (lengths, page table, positions, slots) and every cached token but the
     # newest were written before the kernel this one waits on, so they are read ahead of
-    # the wait; the newest token (position seq_len - 1) is folded in after it.
+    # the wait (with AHEAD, the first K/V tile too); the newest token (position
+    # seq_len - 1) is folded in after it.
     seq_len = tl.load(seq_lens_ptr + b)
     last = seq_len - 1
     if CACHED:
@@ -108,8 +120,9 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
     bt_row = bt_ptr + b * s_bt
-    k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, lo, hi, last, kvh, s_kp, s_ko, s_kh,
-                           s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
+    if AHEAD:
+        k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, lo, hi, last, kvh, s_kp, s_ko, s_kh,
+                               s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
     dt = kc_ptr.dtype.element_ty
     if FROM_QKV:
         # q/k norm + RoPE + KV write of the newest token, done here instead of by a kernel
@@ -153,9 +166,12 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
-                                DOT_PREC, UPCAST)
-    for start in range(lo + BLOCK_N, hi, BLOCK_N):
+    first = lo
+    if AHEAD:
+        m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
+                                    DOT_PREC, UPCAST)
+        first = lo + BLOCK_N
+    for start in range(first, hi, BLOCK_N):
         k, v, n_mask = kv_tile(kc_ptr, vc_ptr, bt_row, start, hi, last, kvh, s_kp, s_ko,
                                s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, BLOCK_N)
         m_i, l_i, acc = attend_tile(q, k, v, n_mask[None, :], m_i, l_i, acc, sm_scale,
@@ -231,16 +247,18 @@ class QKVParts:
 
 def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     num_splits: int | None = None, block_n: int = BLOCK_N,
-                     num_warps: int | None = None, cached_splits: bool | None = None
-                     ) -> torch.Tensor:
+                     num_splits: int | None = None, block_n: int | None = None,
+                     num_warps: int | None = None, cached_splits: bool | None = None,
+                     read_ahead: bool | None = None) -> torch.Tensor:
     """q ``[B, Hq, D]`` (one token per sequence, its K/V already written), or the QKV
     projection as ``QKVParts`` (its K/V is written here); caches ``[pages, block, Hk, D]``,
     ``seq_lens[b] >= 1`` -> out ``[B, Hq, D]``. Padding rows: seq_len 1 on a padding page
-    (and slot -1). ``cached_splits`` (default CACHED_SPLITS): how the KV length is cut,
-    the same result either way."""
+    (and slot -1). ``cached_splits`` (default CACHED_SPLITS): how the KV length is cut;
+    ``read_ahead`` (default: below WAIT_FIRST_ROWS rows): whether the first K/V tile is
+    read before the PDL wait, in ``block_n``-token tiles (default BLOCK_N, or
+    WAIT_FIRST_BLOCK_N when waiting first). The same result every way."""
     Hk, D, page = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and block_n >= 16
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     if isinstance(q, QKVParts):
         src, parts, Hq = q, q.qkv, q.num_q_heads
         S, B, width = parts.shape
@@ -260,6 +278,11 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         rope = (q, q, q, q, seq_lens, seq_lens, 0.0)      # not read without FROM_QKV
         dtype = q.dtype
     assert Hq % Hk == 0
+    if read_ahead is None:
+        read_ahead = not (WAIT_FIRST_ROWS and B >= WAIT_FIRST_ROWS)
+    if block_n is None:
+        block_n = BLOCK_N if read_ahead else WAIT_FIRST_BLOCK_N
+    assert block_n >= 16
     if num_warps is None:
         num_warps = WARPS or (8 if isinstance(q, QKVParts) else 4)
     if num_splits is None:
@@ -278,7 +301,7 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, FROM_QKV=isinstance(q, QKVParts),
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
-        num_warps=num_warps, **pdl_args(k_cache.device))
+        AHEAD=bool(read_ahead), num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
