@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One GPU call that measures launch knobs and then validates: the decode bench of the tree
 # and of each --variant (each worker a fresh process), `validate` on the tree's defaults,
-# then validate's bench section again with the variant whose worse bs1 context was fastest,
-# if it beat the tree by more than 1%. Built for a card the knobs were not tuned on.
+# then validate's bench section again with the variant that beat the tree by more than 1%
+# at every point of the PICK_BATCHES batches (default 1; e.g. PICK_BATCHES=32,64), judged by
+# its worst point against the tree's same point. Built for a card the knobs were not tuned on.
 #
-#   scripts/device_tune_and_validate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
+#   [PICK_BATCHES=B[,B...]] scripts/device_tune_and_validate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
 #
 # Carry `.whl/` (the simpy wheel). Writes $OUT/decode_bench.json, $OUT/validate.json,
 # $OUT/validate_best.json (when a variant won) and $OUT/r.tgz (logs and worker files).
@@ -19,18 +20,24 @@ timeout 200 python3 scripts/device_decode_bench.py --out $R/bench "${V[@]}" 2>&1
 cp $R/bench/decode_bench.json "$OUT/" 2>/dev/null
 OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
 cp $R/val/validate.json "$OUT/" 2>/dev/null
-BEST=$(python3 - $R/bench/decode_bench.json "$@" <<'PY'
+BEST=$(python3 - $R/bench/decode_bench.json "${PICK_BATCHES:-1}" "$@" <<'PY'
 import json, sys
 workers = json.load(open(sys.argv[1]))['workers']
-env = {label: kv.replace(',', ' ') for label, kv in (a.split(':', 1) for a in sys.argv[2:])}
-def worst_bs1(w):
-    return max([p['median_s'] for p in w.get('decode', {}).get('points', []) if p['batch'] == 1] or [float('inf')])
-base = worst_bs1(workers['after'])
-best = min(((worst_bs1(w), k) for k, w in workers.items() if k in env), default=(float('inf'), ''))
-print(env[best[1]] if best[0] < 0.99 * base else '')
+batches = {int(b) for b in sys.argv[2].split(',')}
+env = {label: kv.replace(',', ' ') for label, kv in (a.split(':', 1) for a in sys.argv[3:])}
+def points(w):
+    return {(p['batch'], p['context']): p['median_s']
+            for p in w.get('decode', {}).get('points', []) if p['batch'] in batches}
+base = points(workers['after'])
+def worst_ratio(w):
+    mine = points(w)
+    return max([mine[k] / base[k] for k in base if k in mine] or [float('inf')]) \
+        if base and set(mine) == set(base) else float('inf')
+best = min(((worst_ratio(w), k) for k, w in workers.items() if k in env), default=(float('inf'), ''))
+print(env[best[1]] if best[0] < 0.99 else '')
 PY
 )
-echo "fastest variant beyond 1%: '${BEST}'"
+echo "fastest variant beyond 1% at batches ${PICK_BATCHES:-1}: '${BEST}'"
 if [ -n "$BEST" ]; then
   env $BEST OUT=$R/valbest timeout 120 bash scripts/device_validate.sh sections=bench 2>&1 | tail -10
   cp $R/valbest/validate.json "$OUT/validate_best.json" 2>/dev/null; echo "$BEST" > $R/best_env.txt
