@@ -66,10 +66,11 @@ MIN_SPLIT_TOKENS = env_choice("OPENINFER_DECODE_MIN_SPLIT_TOKENS", 128, (32, 64,
                               "fewest tokens a split of a full-length context gets")
 # The 12-04 form of the kernel: wait first, then WAIT_FIRST_BLOCK_N-token tiles. On the H200
 # of 12-06 (results/gpu/dec06_h200/) batch 32 and 64 at 4k took 8.87 and 13.78 ms, against
-# 7.89 and 12.17 ms with that form on 12-04 (+12-13%; at 1k +3-5%), while on an H100 the
-# read-ahead 32-token form had cost those batches at most 1.3% (results/gpu/decode_from_qkv/).
-# Batches of at least WAIT_FIRST_ROWS rows take it; 0 (the default until it is measured side
-# by side) leaves every batch on the read-ahead form.
+# 7.89-7.99 and 12.17-12.36 ms in the two 12-04 runs with that form (+11-13%; at 1k +2-5%),
+# while on an H100 the read-ahead 32-token form had cost those batches at most 1.3%
+# (results/gpu/decode_from_qkv/). Whether the form is the cause is not yet measured side by
+# side. Batches of at least WAIT_FIRST_ROWS rows take it; 0 (the default until then) leaves
+# every batch on the read-ahead form.
 WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 2, 8, 16, 32, 64),
                              "smallest decode batch that waits before reading K/V (0: none)")
 WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 32, 64, 128),
