@@ -8,6 +8,7 @@ passes them (views of the fused QKV output and of the page-major arena).
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -96,6 +97,35 @@ def test_decode_split_kv_with_padding_rows(device, num_splits, cached, read_ahea
     ref = R.paged_attention(q, kc, vc, bt, lens, qloc, 0.25)
     assert torch.isfinite(out).all()
     assert (out - ref).abs().max().item() <= FP32_ATOL
+
+
+def test_decode_form_follows_the_batch_knob(device, monkeypatch):
+    """OPENINFER_DECODE_WAIT_FIRST_ROWS: batches of at least that many rows launch the
+    wait-first form with its own tile, smaller ones read their first tile ahead; both
+    give the reference's output."""
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    launched = []
+    kernel = mod._decode_split_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append((grid[0], kw["AHEAD"], kw["BLOCK_N"]))
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(mod, "_decode_split_kernel", Spy())
+    monkeypatch.setattr(mod, "WAIT_FIRST_ROWS", 4)
+    monkeypatch.setattr(mod, "BLOCK_N", 16)
+    monkeypatch.setattr(mod, "WAIT_FIRST_BLOCK_N", 32)
+    arena = _arena(device, 4, num_pages=48)
+    for seqs in ([(20, 1), (9, 1), (0, 1)], [(20, 1), (9, 1), (0, 1), (37, 1)]):
+        bt, lens, qloc, B = _paged_batch(seqs, 4, arena.num_pages, device)
+        q = torch.randn(B, HQ, D, device=device)
+        out = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=2)
+        ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
+        assert (out - ref).abs().max().item() <= FP32_ATOL
+    assert launched == [(3, True, 16), (4, False, 32)]
 
 
 def test_decode_bf16(device):

@@ -71,7 +71,7 @@ MIN_SPLIT_TOKENS = env_choice("OPENINFER_DECODE_MIN_SPLIT_TOKENS", 128, (32, 64,
 # (results/gpu/decode_from_qkv/). Whether the form is the cause is not yet measured side by
 # side. Batches of at least WAIT_FIRST_ROWS rows take it; 0 (the default until then) leaves
 # every batch on the read-ahead form.
-WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 2, 8, 16, 32, 64),
+WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 1, 2, 4, 8, 16, 32, 64),
                              "smallest decode batch that waits before reading K/V (0: none)")
 WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 32, 64, 128),
                                 "tokens per K/V tile when the kernel waits first")
