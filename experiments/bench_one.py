@@ -83,9 +83,13 @@ def parse_world_overrides(text: str | None, key: str) -> dict[str, Any]:
         model_preset(wc.model)
         hardware_preset(wc.hardware)
     except ConfigError as err:
-        field = err.field.removeprefix("world.")
-        raise ConfigError(f"{key}.{field}", err.value, err.accepted) from None
+        raise _as_override(err, key) from None
     return out
+
+
+def _as_override(err: ConfigError, key: str) -> ConfigError:
+    """``err`` of a WorldConfig field, named as the ``key=field=value`` override that set it."""
+    return ConfigError(f"{key}.{err.field.removeprefix('world.')}", err.value, err.accepted)
 
 
 def format_world_overrides(overrides: dict[str, Any]) -> str:
@@ -102,8 +106,7 @@ def check_run_overrides(overrides: dict[str, Any], key: str, cases: list[str]) -
         try:
             ClusterConfig(world=world_config(overrides), mixed=0, prefill=1, decode=1)
         except ConfigError as err:
-            raise ConfigError(f"{key}.{err.field.removeprefix('world.')}", err.value,
-                              err.accepted) from None
+            raise _as_override(err, key) from None
 
 
 def world_config(overrides: dict[str, Any], seed: int = 0) -> WorldConfig:
