@@ -8,42 +8,38 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import asdict, dataclass
 
-from omegaconf import OmegaConf
-
+from experiments.cli import parse_overrides
 from openinfer.errors import ConfigError, require
 from openinfer.models.qwen3.checkpoint import write_random_checkpoint
 from openinfer.models.qwen3.config import PRESETS, preset
 
-DEFAULTS = {"size": None, "out": None, "seed": 0, "dtype": "bfloat16"}
+
+@dataclass
+class CheckpointArgs:
+    size: str | None = None
+    out: str | None = None
+    seed: int = 0
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        require(self.size in PRESETS, "size", self.size, f"one of {list(PRESETS)}")
+        require(self.out is not None, "out", None, "an output directory")
+        require(self.dtype in ("bfloat16", "float32"), "dtype", self.dtype, "bfloat16 or float32")
+        require(self.seed >= 0, "seed", self.seed, "an int >= 0")
 
 
 def parse_args(argv: list[str]) -> dict:
-    """``key=value`` arguments (OmegaConf dotlist) merged over DEFAULTS; unknown or
-    missing keys raise ConfigError naming them."""
-    for a in argv:   # each key as typed: a dotted one (out.x=1) would nest under a known key
-        key, sep, value = a.partition("=")
-        require(bool(sep), "argument", a, "key=value")
-        require(key in DEFAULTS, key, value, f"one of the keys {', '.join(DEFAULTS)}")
-    given = OmegaConf.to_container(OmegaConf.from_dotlist(argv))
-    args = {**DEFAULTS, **given}
-    require(args["size"] in PRESETS, "size", args["size"], f"one of {list(PRESETS)}")
-    require(args["out"] is not None, "out", None, "an output directory")
-    require(args["dtype"] in ("bfloat16", "float32"), "dtype", args["dtype"],
-            "bfloat16 or float32")
-    require(type(args["seed"]) is int and args["seed"] >= 0, "seed", args["seed"],
-            "an int >= 0")
-    args["out"] = str(args["out"])
-    return args
+    """``key=value`` arguments, read as every command's are (``experiments.cli``): an
+    unknown key (a dotted one too), a value of the wrong type or a missing size or out
+    raises ConfigError naming it; ``--help`` prints the keys and exits 0."""
+    return asdict(parse_overrides(CheckpointArgs, argv))
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["--help"], ["-h"]):
-        print(__doc__)
-        return 0
     try:
-        args = parse_args(argv)
+        args = parse_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as e:
         print(f"make_checkpoint: {e}\n{__doc__}", file=sys.stderr)
         return 2
