@@ -54,8 +54,9 @@ class ClusterConfig:
 
     @property
     def has_host_tier(self) -> bool:
-        """Whether the instances have a CPU tier, and so its ports (query, load, save, flush)."""
-        return self.prefill > 0 or self.world.host_pages() >= 1
+        """Whether the instances have a CPU tier, and so its ports (query, load, save, flush);
+        under P/D the rule above makes sure they do."""
+        return self.world.host_pages() >= 1
 
 
 class Router:
