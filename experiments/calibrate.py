@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.cli import main_guard, parse_overrides
+from experiments.cli import comma_list, main_guard, parse_overrides
 from openinfer.errors import ConfigError, require
 from sim.calibration import (COPY_DIRECTIONS, OUTLIER_RATIO, copy_wait, fit_copies, fit_host_gaps, fit_steps, host_gap_s,
                              copy_order, host_hold, read_jsonl)
@@ -88,8 +88,8 @@ def _gpu_and_date(cfg: CalibrateConfig) -> tuple[str, str]:
 
 
 def calibrate(cfg: CalibrateConfig) -> FittedProfile:
-    step_files = [p for p in cfg.steps.split(",") if p]
-    copy_files = [p for p in cfg.copies.split(",") if p] if cfg.copies else []
+    step_files = comma_list(cfg.steps)
+    copy_files = comma_list(cfg.copies) if cfg.copies else []
     require(not copy_files or (len(step_files) == 1 and len(copy_files) == 1), "copies", cfg.copies,
             "one file beside one steps file (copies are matched to steps by run, on one clock); "
             "for several captures leave copies= out: validate writes each capture's copies into its steps files")

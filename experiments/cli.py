@@ -38,6 +38,11 @@ def parse_overrides(cls: type[T], argv: list[str]) -> T:
     return cfg
 
 
+def comma_list(text: str) -> list[str]:
+    """The items of a ``a,b,c`` value, empty ones dropped (``sections=golden,``)."""
+    return [s for s in text.split(",") if s]
+
+
 def usage(cls: type, hints: dict[str, Any]) -> str:
     """The docstring of the command (the module that defines its config), then every key
     with its type and default."""

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.cli import main_guard, parse_overrides, write_report
+from experiments.cli import comma_list, main_guard, parse_overrides, write_report
 from experiments.serve_real import PHASES, serve_phases
 from openinfer.errors import ConfigError, require
 from sim.calibration import OUTLIER_RATIO, features_of, is_copy, read_jsonl
@@ -336,7 +336,7 @@ def fidelity(cfg: FidelityConfig) -> dict[str, Any]:
                host_holds_steps=profile.host_holds_steps, phases=phases,
                sim_wall_s=round(sim_wall, 3), real_wall_s=sum(p["duration_s"] for p in served["phases"].values()))
     if cfg.steps:
-        cmp = step_comparison(read_jsonl([p for p in cfg.steps.split(",") if p]),
+        cmp = step_comparison(read_jsonl(comma_list(cfg.steps)),
                               {ph: served["phases"][ph] for ph in phases}, sim_phases, sim_log, profile)
         rep["steps"] = cfg.steps
         for ph, c in cmp.items():

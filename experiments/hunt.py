@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import main_guard, parse_overrides, write_report
+from experiments.cli import comma_list, main_guard, parse_overrides, write_report
 from openinfer.errors import require
 from openinfer.variants import variant as parse_variant
 from sim.hunt.runner import RunResult, run_scenario
@@ -47,7 +47,7 @@ class HuntConfig:
         require(not unknown, "until_found", self.until_found, f"invariants among {', '.join(INVARIANTS)}")
 
     def wanted(self) -> list[str]:
-        return [s for s in self.until_found.split(",") if s]
+        return comma_list(self.until_found)
 
 
 def scenario_seed(master: int, index: int) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from experiments.cli import main_guard, parse_overrides, write_report
+from experiments.cli import comma_list, main_guard, parse_overrides, write_report
 from experiments.validate import common
 from experiments.validate.common import free_cuda, guarded, is_cuda, log
 from openinfer.errors import require
@@ -65,7 +65,7 @@ class ValidateConfig:
         from openinfer.models.qwen3.ops import BACKENDS
         require(bool(self.report), "report", self.report, "a path for the JSON report")
         # names checked here, not when a section reaches them (after others spent GPU time)
-        sizes = _names(self.golden_sizes)
+        sizes = comma_list(self.golden_sizes)
         require(all(s in PRESETS for s in sizes), "golden_sizes", self.golden_sizes,
                 f"a comma list of {', '.join(PRESETS)}")
         for key in ("bench_size", "served_size", "grid_size"):
@@ -73,7 +73,7 @@ class ValidateConfig:
             require((size is None and key == "grid_size") or size in PRESETS, key, size,
                     f"one of {', '.join(PRESETS)}")
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        backends = _names(self.golden_backends)
+        backends = comma_list(self.golden_backends)
         require(bool(backends) and all(b in BACKENDS for b in backends), "golden_backends",
                 self.golden_backends, f"a comma list of {', '.join(BACKENDS)}")
         check_block_size(self.block_size)
@@ -102,14 +102,10 @@ class ValidateConfig:
                 "null on the CPU (its tiny instance sizes its tier in slots)")
 
     def served_workload_list(self) -> list[str]:
-        return _names(self.served_workloads)
+        return comma_list(self.served_workloads)
 
     def section_list(self) -> list[str]:
-        return _names(self.sections)
-
-
-def _names(comma_list: str) -> list[str]:
-    return [s for s in comma_list.split(",") if s]
+        return comma_list(self.sections)
 
 
 class ModelPack:
@@ -170,8 +166,8 @@ class Packs:
 def _golden(cfg: ValidateConfig, packs: Packs) -> dict[str, Any]:
     from experiments.validate.golden import GoldenSpec, golden_for_pack
     out: dict[str, Any] = {}
-    backends = tuple(_names(cfg.golden_backends))
-    for size in _names(cfg.golden_sizes):
+    backends = tuple(comma_list(cfg.golden_backends))
+    for size in comma_list(cfg.golden_sizes):
         spec = GoldenSpec.tiny() if size == "tiny" else GoldenSpec(block_size=cfg.block_size)
         pack = packs.get(size)
         out[size] = guarded(f"golden {size}", lambda: golden_for_pack(pack, backends, spec))
