@@ -6,17 +6,18 @@ need CUDA events and graphs and must say so. The GPU run is scripts/device_valid
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
+
+from openinfer.models.qwen3.kernels._interpret import interpreting
 
 pytest.importorskip("transformers")
 pytest.importorskip("simpy")
 # The CPU path runs the Triton kernels in the interpreter, which only a machine without a
 # GPU turns on by itself (tests/conftest.py); on a GPU machine: TRITON_INTERPRET=1 pytest ...
 pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+    torch.cuda.is_available() and not interpreting(),
     reason="validate's CPU path needs TRITON_INTERPRET=1 on a machine with a GPU")
 
 from experiments.cli import parse_overrides  # noqa: E402

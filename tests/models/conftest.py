@@ -7,7 +7,6 @@ same tests run the compiled kernels on ``cuda``.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,8 +18,9 @@ import pytest  # noqa: E402
 
 from openinfer.models.qwen3.checkpoint import write_random_checkpoint  # noqa: E402
 from openinfer.models.qwen3.config import preset  # noqa: E402
+from openinfer.models.qwen3.kernels._interpret import interpreting  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = interpreting()
 DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 
 

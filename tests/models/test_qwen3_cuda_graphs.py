@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from openinfer.models.qwen3 import Qwen3Model, SeqInput
+from openinfer.models.qwen3.kernels._interpret import interpreting
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+    not torch.cuda.is_available() or interpreting(),
     reason="needs a CUDA GPU with compiled Triton kernels")
 
 

@@ -9,7 +9,6 @@ passes them (views of the fused QKV output and of the page-major arena).
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
@@ -20,10 +19,11 @@ from hypothesis import strategies as st
 from openinfer.errors import ConfigError
 from openinfer.models.qwen3 import kernels as K
 from openinfer.models.qwen3.kernels import reference as R
+from openinfer.models.qwen3.kernels._interpret import interpreting
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.rope import rope_tables
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # set by conftest
+INTERPRET = interpreting()  # set by tests/conftest.py on a machine without a GPU
 HQ, HK, D = 4, 2, 16
 FP32_ATOL = 1e-5
 # bf16: the GPU rounds like torch (<= 1 ulp apart: different sum order); the interpreter
