@@ -31,8 +31,7 @@ def points(w):
 base = points(workers['after'])
 def worst_ratio(w):
     mine = points(w)
-    return max([mine[k] / base[k] for k in base if k in mine] or [float('inf')]) \
-        if base and set(mine) == set(base) else float('inf')
+    return max(mine[k] / base[k] for k in base) if base and set(mine) == set(base) else float('inf')
 best = min(((worst_ratio(w), k) for k, w in workers.items() if k in env), default=(float('inf'), ''))
 print(env[best[1]] if best[0] < 0.99 else '')
 PY
