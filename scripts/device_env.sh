@@ -11,8 +11,10 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 
-# The card, its driver, clocks and temperature into $1 (and on the terminal).
+# The card, its driver, clocks (now and the most it may run at), power limit and temperature
+# into $1 (and on the terminal): two cards of one name may run at different clocks.
 gpu_info() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv 2>&1 | tee "$1"
+  nvidia-smi --query-gpu=clocks.max.sm,clocks.max.memory,power.limit --format=csv 2>&1 | tee -a "$1"
 }
