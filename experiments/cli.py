@@ -31,6 +31,9 @@ def parse_overrides(cls: type[T], argv: list[str]) -> T:
         if key not in fields:
             raise ConfigError(key, raw, f"one of the keys {', '.join(sorted(fields))}")
         values[key] = _coerce(key, raw, hints[key])
+    for name in _required(cls):
+        if name not in values:
+            raise ConfigError(name, None, f"a value ({name} is required; see --help)")
     cfg = cls(**values)
     check_read = getattr(cfg, "check_keys_read", None)
     if check_read is not None:   # keys the config's own choices leave unread: refuse, not drop
@@ -43,21 +46,31 @@ def comma_list(text: str) -> list[str]:
     return [s for s in text.split(",") if s]
 
 
+def _required(cls: type) -> list[str]:
+    """Fields without a default: the keys a command cannot run without."""
+    return [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+
+
 def usage(cls: type, hints: dict[str, Any]) -> str:
     """The docstring of the command (the module that defines its config), then every key
-    with its type and default."""
+    with its type and default; keys without one are marked required."""
     mod = sys.modules.get(cls.__module__)
     doc = (getattr(mod, "__doc__", None) or cls.__doc__ or "").strip()
-    lines = [doc, "", "keys (key=value; each optional):"] if doc else ["keys (key=value; each optional):"]
+    header = ("keys (key=value; each optional unless marked required):" if _required(cls)
+              else "keys (key=value; each optional):")
+    lines = [doc, "", header] if doc else [header]
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = repr(f.default_factory())  # type: ignore[misc]
         else:
-            default = "(required)"
+            default = None
         typ = getattr(hints[f.name], "__name__", str(hints[f.name]))
-        lines.append(f"  {f.name:<24} {typ:<14} default {default}")
+        tail = "required" if default is None else f"default {default}"
+        lines.append(f"  {f.name:<24} {typ:<14} {tail}")
     return "\n".join(lines)
 
 

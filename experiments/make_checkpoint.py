@@ -18,14 +18,14 @@ from openinfer.models.qwen3.config import PRESETS, preset
 
 @dataclass
 class CheckpointArgs:
-    size: str | None = None
-    out: str | None = None
+    size: str
+    out: str
     seed: int = 0
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
         require(self.size in PRESETS, "size", self.size, f"one of {list(PRESETS)}")
-        require(self.out is not None, "out", None, "an output directory")
+        require(bool(self.out), "out", self.out, "an output directory")
         require(self.dtype in ("bfloat16", "float32"), "dtype", self.dtype, "bfloat16 or float32")
         require(self.seed >= 0, "seed", self.seed, "an int >= 0")
 

@@ -106,6 +106,7 @@ def test_cli_writes_checkpoint(tmp_path, capsys):
     (["size=tiny", "out=/x", "bogus=1"], "bogus"),
     (["size=13b", "out=/x"], "size"),
     (["size=tiny"], "out"),
+    (["size=tiny", "out="], "out"),
     (["size=tiny", "out=/x", "dtype=int8"], "dtype"),
     (["size=tiny", "out=/x", "seed=-1"], "seed"),
     (["size=tiny", "out=/x", "seed=true"], "seed"),          # not taken as seed 1
@@ -117,3 +118,23 @@ def test_cli_rejects_bad_args(argv, field):
         cli.parse_args(argv)
     assert e.value.field == field
     assert cli.main(argv) == 2
+
+
+def test_cli_help_marks_size_and_out_required(capsys):
+    """--help tells a user which keys they must give, not a default of None."""
+    cli = _cli()
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(["--help"])
+    assert stop.value.code == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("  ")}
+    assert lines["size"].endswith("required") and lines["out"].endswith("required")
+    assert lines["seed"].endswith("default 0")
+
+
+def test_cli_names_a_missing_size_before_anything_runs(tmp_path):
+    cli = _cli()
+    with pytest.raises(ConfigError) as e:
+        cli.parse_args([f"out={tmp_path}"])
+    assert e.value.field == "size" and "required" in str(e.value)
+    assert not any(tmp_path.iterdir())
