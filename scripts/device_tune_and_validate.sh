@@ -16,7 +16,7 @@ OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
 source scripts/device_env.sh
 gpu_info "$OUT/nvidia-smi.txt"
 V=(); for v in "$@"; do V+=(--variant "$v"); done
-timeout 200 python3 scripts/device_decode_bench.py --out $R/bench "${V[@]}" 2>&1 | tee $R/bench.log | grep -v "^\[decode-bench" | tail -40
+timeout 240 python3 scripts/device_decode_bench.py --out $R/bench "${V[@]}" 2>&1 | tee $R/bench.log | grep -v "^\[decode-bench" | tail -40
 cp $R/bench/decode_bench.json "$OUT/" 2>/dev/null
 OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
 cp $R/val/validate.json "$OUT/" 2>/dev/null
