@@ -290,6 +290,23 @@ def test_skinny_fewer_rows_than_the_tile(device, gated, rows, split):
     torch.testing.assert_close(got, want, **_tol(torch.float32))
 
 
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_block_k_knob_moves_the_plain_gemms_only(monkeypatch, block_k):
+    """OPENINFER_SKINNY_BLOCK_K: the plain decode GEMMs of a 4B take its W tile width with
+    the splits of the default (QKV 2, o_proj and down 4); the gated one keeps 128 (its
+    stage holds three tiles) and the LM head its own 256."""
+    import importlib
+    S = importlib.import_module("openinfer.models.qwen3.kernels.skinny_linear")
+    monkeypatch.setattr(S, "BLOCK_K", block_k)
+    plain = {name: S.default_config(n, k, False, True, 132)
+             for name, (n, k) in dict(qkv=(6144, 2560), o_proj=(2560, 4096),
+                                      down=(2560, 9728)).items()}
+    assert {name: (c.block_k, c.split_k) for name, c in plain.items()} == dict(
+        qkv=(block_k, 2), o_proj=(block_k, 4), down=(block_k, 4))
+    assert S.default_config(9728, 2560, True, False, 132).block_k == 128
+    assert S.default_config(151936, 2560, False, False, 132).block_k == 256
+
+
 def test_balanced_rows_fill_the_sms_evenly():
     """The 4B decode shapes at 132 SMs: o_proj/down 26 rows (396 programs, 3 a SM), gate/up
     25 (390), QKV keeps its 32 (384); rows outside (block_n / 2, block_n] are refused."""

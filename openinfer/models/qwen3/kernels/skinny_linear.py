@@ -70,6 +70,12 @@ STAGES = env_choice("OPENINFER_SKINNY_STAGES", 3, (2, 3, 4, 5),
                     "pipeline stages of the decode GEMM")
 STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
                           "pipeline stages of the gated decode GEMM")
+# K per W tile of the plain decode GEMMs (the gated one keeps 128: its stage holds gate, up
+# and x tiles). Bytes in flight per program are (stages - 1) tiles, and an H200 needs ~40%
+# more of them in flight than an H100 to reach its copy bandwidth (Little's law): on the
+# H200 of 12-06 the bs1 step's time beyond its bytes was 0.93 ms against the H100's 0.71.
+BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
+                     "K per W tile of the plain decode GEMMs")
 
 
 @triton.jit
@@ -204,7 +210,7 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
     program owns ``balanced_rows`` of its tile's rows, so that every SM gets as many."""
     if n >= 256 * sms:
         return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES)
-    block_n, block_k = (GATED_BLOCK_N if gated else 32), 128
+    block_n, block_k = (GATED_BLOCK_N, 128) if gated else (32, BLOCK_K)
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
