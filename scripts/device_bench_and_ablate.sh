@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One short GPU call that only measures: the decode bench of the tree and of each
+# LABEL:VAR=VALUE variant side by side (each worker a fresh process), then, on an H200 (or
+# with ABLATE=1), where the bs1 step's time goes (scripts/decode_ablation.py). No validate:
+# use device_tune_and_validate.sh once a variant is worth making the default.
+#
+#   [ABLATE=auto|1|0] scripts/device_bench_and_ablate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
+#
+# Carry `.whl/` (the simpy wheel). Writes $OUT/nvidia-smi.txt, $OUT/decode_bench.json,
+# $OUT/bench.log and, when it ablates, $OUT/ablation.json and $OUT/ablation.log (five
+# files: the device hands back at most eight).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
+source scripts/device_env.sh
+gpu_info "$OUT/nvidia-smi.txt"
+V=(); for v in "$@"; do V+=(--variant "$v"); done
+rm -rf /tmp/bench_ablate; mkdir -p /tmp/bench_ablate
+timeout "${BENCH_TIMEOUT:-280}" python3 scripts/device_decode_bench.py --out /tmp/bench_ablate/bench "${V[@]}" \
+  > "$OUT/bench.log" 2>&1
+cp /tmp/bench_ablate/bench/decode_bench.json "$OUT/" 2>/dev/null
+grep -v "^\[decode-bench" "$OUT/bench.log" | tail -45
+case "${ABLATE:-auto}" in
+  1) ablate=1 ;;
+  0) ablate=0 ;;
+  *) nvidia-smi -L | grep -q H200 && ablate=1 || ablate=0 ;;
+esac
+if [ "$ablate" = 1 ]; then
+  timeout 200 python3 scripts/decode_ablation.py --out /tmp/bench_ablate/abl > "$OUT/ablation.log" 2>&1
+  cp /tmp/bench_ablate/abl/ablation.json "$OUT/" 2>/dev/null
+  tail -22 "$OUT/ablation.log"
+fi
