@@ -58,18 +58,18 @@ def usage(cls: type, hints: dict[str, Any]) -> str:
     with its type and default; keys without one are marked required."""
     mod = sys.modules.get(cls.__module__)
     doc = (getattr(mod, "__doc__", None) or cls.__doc__ or "").strip()
-    header = ("keys (key=value; each optional unless marked required):" if _required(cls)
+    required = _required(cls)
+    header = ("keys (key=value; each optional unless marked required):" if required
               else "keys (key=value; each optional):")
     lines = [doc, "", header] if doc else [header]
     for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default = repr(f.default)
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = repr(f.default_factory())  # type: ignore[misc]
+        if f.name in required:
+            tail = "required"
+        elif f.default is not dataclasses.MISSING:
+            tail = f"default {f.default!r}"
         else:
-            default = None
+            tail = f"default {f.default_factory()!r}"  # type: ignore[misc]
         typ = getattr(hints[f.name], "__name__", str(hints[f.name]))
-        tail = "required" if default is None else f"default {default}"
         lines.append(f"  {f.name:<24} {typ:<14} {tail}")
     return "\n".join(lines)
 

@@ -71,9 +71,10 @@ STAGES = env_choice("OPENINFER_SKINNY_STAGES", 3, (2, 3, 4, 5),
 STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
                           "pipeline stages of the gated decode GEMM")
 # K per W tile of the plain decode GEMMs (the gated one keeps 128: its stage holds gate, up
-# and x tiles). Bytes in flight per program are (stages - 1) tiles, and an H200 needs ~40%
-# more of them in flight than an H100 to reach its copy bandwidth (Little's law): on the
-# H200 of 12-06 the bs1 step's time beyond its bytes was 0.93 ms against the H100's 0.71.
+# and x tiles). A knob to test one explanation, not yet measured, of why the H200 of 12-06
+# spent 0.93 ms of a bs1 step beyond its bytes where the H100 spent 0.71: that a program's
+# (stages - 1) tiles in flight are too few bytes for the H200's higher bandwidth (Little's
+# law asks ~40% more of them). 256 doubles them at the same stage count.
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs")
 
