@@ -8,17 +8,17 @@
 #
 # Carry `.whl/` (the simpy wheel). Writes $OUT/nvidia-smi.txt, $OUT/decode_bench.json,
 # $OUT/bench.log and, when it ablates, $OUT/ablation.json and $OUT/ablation.log (five
-# files: the device hands back at most eight).
+# files: the device hands back at most eight); worker files stay under $WORK/bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
+WORK=${WORK:-/tmp/bench_ablate}; rm -rf "$WORK/bench" "$WORK/abl"; mkdir -p "$WORK"
 source scripts/device_env.sh
 gpu_info "$OUT/nvidia-smi.txt"
 V=(); for v in "$@"; do V+=(--variant "$v"); done
-rm -rf /tmp/bench_ablate; mkdir -p /tmp/bench_ablate
-timeout "${BENCH_TIMEOUT:-280}" python3 scripts/device_decode_bench.py --out /tmp/bench_ablate/bench "${V[@]}" \
+timeout "${BENCH_TIMEOUT:-280}" python3 scripts/device_decode_bench.py --out "$WORK/bench" "${V[@]}" \
   > "$OUT/bench.log" 2>&1
-cp /tmp/bench_ablate/bench/decode_bench.json "$OUT/" 2>/dev/null
+cp "$WORK/bench/decode_bench.json" "$OUT/" 2>/dev/null
 grep -v "^\[decode-bench" "$OUT/bench.log" | tail -45
 case "${ABLATE:-auto}" in
   1) ablate=1 ;;
@@ -26,7 +26,7 @@ case "${ABLATE:-auto}" in
   *) nvidia-smi -L | grep -q H200 && ablate=1 || ablate=0 ;;
 esac
 if [ "$ablate" = 1 ]; then
-  timeout 200 python3 scripts/decode_ablation.py --out /tmp/bench_ablate/abl > "$OUT/ablation.log" 2>&1
-  cp /tmp/bench_ablate/abl/ablation.json "$OUT/" 2>/dev/null
+  timeout 200 python3 scripts/decode_ablation.py --out "$WORK/abl" > "$OUT/ablation.log" 2>&1
+  cp "$WORK/abl/ablation.json" "$OUT/" 2>/dev/null
   tail -22 "$OUT/ablation.log"
 fi

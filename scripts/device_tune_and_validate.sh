@@ -13,11 +13,9 @@ set -u
 cd "$(dirname "$0")/.."
 R=/tmp/tune; rm -rf $R; mkdir -p $R
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
-source scripts/device_env.sh
-gpu_info "$OUT/nvidia-smi.txt"
-V=(); for v in "$@"; do V+=(--variant "$v"); done
-timeout 240 python3 scripts/device_decode_bench.py --out $R/bench "${V[@]}" 2>&1 | tee $R/bench.log | grep -v "^\[decode-bench" | tail -40
-cp $R/bench/decode_bench.json "$OUT/" 2>/dev/null
+# the bench half is the measuring-only script's, without its ablation
+OUT=$R WORK=$R ABLATE=0 BENCH_TIMEOUT=240 bash scripts/device_bench_and_ablate.sh "$@" | tail -40
+cp $R/nvidia-smi.txt $R/decode_bench.json "$OUT/" 2>/dev/null
 OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
 cp $R/val/validate.json "$OUT/" 2>/dev/null
 BEST=$(python3 - $R/bench/decode_bench.json "${PICK_BATCHES:-1}" "$@" <<'PY'

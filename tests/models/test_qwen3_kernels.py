@@ -295,7 +295,6 @@ def test_block_k_knob_moves_the_plain_gemms_only(monkeypatch, block_k):
     """OPENINFER_SKINNY_BLOCK_K: the plain decode GEMMs of a 4B take its W tile width with
     the splits of the default (QKV 2, o_proj and down 4); the gated one keeps 128 (its
     stage holds three tiles) and the LM head its own 256."""
-    import importlib
     S = importlib.import_module("openinfer.models.qwen3.kernels.skinny_linear")
     monkeypatch.setattr(S, "BLOCK_K", block_k)
     plain = {name: S.default_config(n, k, False, True, 132)
