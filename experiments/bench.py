@@ -57,7 +57,7 @@ from typing import Any
 from experiments.bench_paired import PairedRun, PairedRunFailed, last_json_line, run_paired, usable_cpus
 from experiments.bench_one import (CASES, check_run_overrides, format_world_overrides, parse_world_overrides,
                                    saturation, world_config)
-from experiments.cli import main_guard, parse_overrides, write_report
+from experiments.cli import comma_list, main_guard, parse_overrides, write_report
 from openinfer.errors import require
 
 # Issue #8, item 1: chat at 10k requests simulates at >= 1,000 requests/s on this 2-core
@@ -86,10 +86,6 @@ MEDIAN_KEYS = ("wall_s", "cpu_s", "requests_per_s", "requests_per_cpu_s", "steps
                "sim_s", "steps", "peak_rss_mb", "completed", "hit_rate", "mean_ttft_ms", "mean_tpot_ms")
 
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in str(text).split(",") if t.strip()]
-
-
 @dataclass
 class BenchConfig:
     cases: str = ",".join(CASES)
@@ -108,7 +104,7 @@ class BenchConfig:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
-        cases = _csv(self.cases)
+        cases = comma_list(self.cases)
         require(bool(cases) and all(c in CASES for c in cases) and len(set(cases)) == len(cases), "cases",
                 self.cases, f"a comma list of distinct cases among {', '.join(CASES)}, e.g. cases=chat,pd")
         for key in ("sizes", "chat_sizes", "pd_sizes", "offline_sizes"):
@@ -116,7 +112,7 @@ class BenchConfig:
             if text is None:
                 continue
             try:
-                sizes = [int(s) for s in _csv(text)]
+                sizes = [int(s) for s in comma_list(text)]
             except ValueError:
                 sizes = []
             require(bool(sizes) and all(s >= 1 for s in sizes) and len(set(sizes)) == len(sizes), key,
@@ -136,12 +132,12 @@ class BenchConfig:
 
     @property
     def case_list(self) -> list[str]:
-        return _csv(self.cases)
+        return comma_list(self.cases)
 
     def sizes_for(self, case: str) -> list[int]:
         text = getattr(self, f"{case}_sizes")
         text = text or self.sizes or DEFAULT_SIZES[case]
-        return sorted(int(s) for s in _csv(text))
+        return sorted(int(s) for s in comma_list(text))
 
     def check_keys_read(self, given: set[str]) -> None:
         """Keys the chosen cases and sizes never read: refused, not dropped."""

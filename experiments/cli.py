@@ -42,8 +42,9 @@ def parse_overrides(cls: type[T], argv: list[str]) -> T:
 
 
 def comma_list(text: str) -> list[str]:
-    """The items of a ``a,b,c`` value, empty ones dropped (``sections=golden,``)."""
-    return [s for s in text.split(",") if s]
+    """The items of a ``a,b,c`` value, each stripped, empty ones dropped
+    (``sections=golden,`` and a quoted ``"sections=golden, offload"`` read as meant)."""
+    return [s.strip() for s in str(text).split(",") if s.strip()]
 
 
 def _required(cls: type) -> list[str]:

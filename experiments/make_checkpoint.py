@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from experiments.cli import parse_overrides
 from openinfer.errors import ConfigError, require
@@ -30,11 +30,11 @@ class CheckpointArgs:
         require(self.seed >= 0, "seed", self.seed, "an int >= 0")
 
 
-def parse_args(argv: list[str]) -> dict:
+def parse_args(argv: list[str]) -> CheckpointArgs:
     """``key=value`` arguments, read as every command's are (``experiments.cli``): an
     unknown key (a dotted one too), a value of the wrong type or a missing size or out
     raises ConfigError naming it; ``--help`` prints the keys and exits 0."""
-    return asdict(parse_overrides(CheckpointArgs, argv))
+    return parse_overrides(CheckpointArgs, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"make_checkpoint: {e}\n{__doc__}", file=sys.stderr)
         return 2
-    cfg = preset(args["size"])
+    cfg = preset(args.size)
     t0 = time.perf_counter()
-    out = write_random_checkpoint(cfg, args["out"], seed=args["seed"], dtype=args["dtype"])
-    print(f"wrote {args['size']} ({cfg.num_parameters() / 1e6:.1f}M params, {args['dtype']}, "
-          f"seed={args['seed']}) to {out} in {time.perf_counter() - t0:.1f}s")
+    out = write_random_checkpoint(cfg, args.out, seed=args.seed, dtype=args.dtype)
+    print(f"wrote {args.size} ({cfg.num_parameters() / 1e6:.1f}M params, {args.dtype}, "
+          f"seed={args.seed}) to {out} in {time.perf_counter() - t0:.1f}s")
     return 0
 
 

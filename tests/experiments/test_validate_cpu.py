@@ -119,6 +119,13 @@ def test_unknown_key_and_section_are_refused():
         parse_overrides(ValidateConfig, ["report=x.json", "sections=golden,bogus"])
 
 
+def test_a_quoted_list_with_spaces_reads_as_meant():
+    """``"sections=golden, offload"`` (one quoted argument) is the two sections, as bench's
+    ``cases=chat, pd`` is: every comma list is read by one function."""
+    cfg = parse_overrides(ValidateConfig, ["report=x.json", "sections=golden, offload,"])
+    assert cfg.section_list() == ["golden", "offload"]
+
+
 @pytest.mark.parametrize("part", ["section", "golden size"])
 def test_a_section_that_raises_is_recorded_and_fails_the_command(part, monkeypatch, tmp_path, capsys):
     """The report keeps the error (the other sections still run), and the exit code says the
