@@ -23,6 +23,9 @@ from openinfer.models.qwen3.kernels._interpret import interpreting
 from openinfer.models.qwen3.kv_arena import KVArena
 from openinfer.models.qwen3.rope import rope_tables
 
+# the module, which ``K.skinny_linear`` (the function of the same name) hides
+S = importlib.import_module("openinfer.models.qwen3.kernels.skinny_linear")
+
 INTERPRET = interpreting()  # set by tests/conftest.py on a machine without a GPU
 HQ, HK, D = 4, 2, 16
 FP32_ATOL = 1e-5
@@ -295,7 +298,6 @@ def test_block_k_knob_moves_the_plain_gemms_only(monkeypatch, block_k):
     """OPENINFER_SKINNY_BLOCK_K: the plain decode GEMMs of a 4B take its W tile width with
     the splits of the default (QKV 2, o_proj and down 4); the gated one keeps 128 (its
     stage holds three tiles) and the LM head its own 256."""
-    S = importlib.import_module("openinfer.models.qwen3.kernels.skinny_linear")
     monkeypatch.setattr(S, "BLOCK_K", block_k)
     plain = {name: S.default_config(n, k, False, True, 132)
              for name, (n, k) in dict(qkv=(6144, 2560), o_proj=(2560, 4096),
@@ -304,6 +306,45 @@ def test_block_k_knob_moves_the_plain_gemms_only(monkeypatch, block_k):
         qkv=(block_k, 2), o_proj=(block_k, 4), down=(block_k, 4))
     assert S.default_config(9728, 2560, True, False, 132).block_k == 128
     assert S.default_config(151936, 2560, False, False, 132).block_k == 256
+
+
+@pytest.mark.parametrize("gated,m,n,k,split,pre", [
+    (False, 1, 50, 96, 1, 1), (False, 5, 64, 96, 3, 3), (False, 2, 40, 16, 1, 2),
+    (True, 1, 24, 40, 1, 1), (True, 7, 24, 48, 1, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, gated, m, n, k, split, pre):
+    """OPENINFER_SKINNY_TMA: W read as whole TMA boxes (rows and columns past the matrix
+    zero-filled, a pre-wait tile past a split's K range met by zeros of x) sums the same
+    products in the same order as the masked loads: equal bit for bit. Partial row and K
+    tiles, several splits, pre-wait tiles beyond a K range, and the gated form's gate box
+    reaching into the up rows of a partial last tile."""
+    if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
+        pytest.skip("TMA needs a Hopper GPU")
+    x = torch.randn(m, k, device=device).to(dtype)
+    w = torch.randn(2 * n if gated else n, k, device=device).to(dtype)
+    cfgs = [K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre, tma=tma)
+            for tma in (False, True)]
+    if gated:
+        plain, boxed = (K.skinny_gated(x, w, cfg=c) for c in cfgs)
+    else:
+        plain, boxed = (K.skinny_linear(x, w, cfg=c) for c in cfgs)
+    assert torch.equal(boxed, plain)
+
+
+def test_tma_is_refused_for_unaligned_rows_and_skipped_by_the_knob(device, monkeypatch):
+    """A weight whose rows do not start on 16-byte boundaries (K = 70 fp32) cannot be read
+    in TMA boxes: asked for by name it is a ConfigError, while the knob leaves such a
+    weight on plain loads (and the default launch of an aligned one takes whole tiles)."""
+    x, w = torch.randn(1, 70, device=device), torch.randn(50, 70, device=device)
+    assert not S.tma_fits(w)
+    with pytest.raises(ConfigError, match="tma"):
+        K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, tma=True))
+    monkeypatch.setattr(S, "TMA", 1)
+    torch.testing.assert_close(R.merge_parts(K.skinny_linear(x, w), x.dtype), F.linear(x, w),
+                               **_tol(torch.float32))
+    assert S.default_config(2560, 9728, False, True, 132, tma=True).rows_per_program == 32
+    with pytest.raises(ConfigError, match="rows"):
+        K.SkinnyConfig(block_n=32, rows=26, tma=True)
 
 
 def test_balanced_rows_fill_the_sms_evenly():

@@ -33,10 +33,17 @@ def _capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def pdl_enabled(device: torch.device) -> bool:
-    if INTERPRET or device.type != "cuda" or os.environ.get("OPENINFER_PDL", "1") == "0":
+def hopper_or_later(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9 or more (PDL, TMA)."""
+    if device.type != "cuda":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    if INTERPRET or os.environ.get("OPENINFER_PDL", "1") == "0":
+        return False
+    return hopper_or_later(device)
 
 
 def pdl_args(device: torch.device) -> dict:

@@ -25,11 +25,12 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from openinfer.errors import require
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
-from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
+from openinfer.models.qwen3.kernels._pdl import hopper_or_later, pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels._tuning import env_choice
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 
@@ -77,16 +78,34 @@ STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
 # law asks ~40% more of them). 256 doubles them at the same stage count.
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs")
+# W tiles fetched by the tensor-memory accelerator (one bulk copy a tile, Hopper) instead
+# of every thread's 16-byte asynchronous copies. A knob for a third explanation of the
+# H200's larger time beyond its bytes, not yet measured: that a program's outstanding copy
+# instructions, not its bytes, cap what an SM has in flight (4 stages instead of 3 raised
+# the bytes by half and gained nothing there, results/gpu/dec06_h200/). A TMA box is a
+# power-of-two tile, so a program owns its whole tile (no balanced rows), and a weight
+# whose rows are not 16-byte aligned keeps the plain loads.
+TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copies (Hopper)")
 
 
 @triton.jit
-def _w_tile(w_rows, up_offset, offs_k, k_hi, n_mask, GATED: tl.constexpr):
-    """One W tile (and its up-projection twin when ``GATED``; else the same tile again)."""
-    w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
-    w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
-    w_up = w
-    if GATED:
-        w_up = tl.load(w_rows + up_offset + offs_k[None, :], mask=w_mask, other=0.0)
+def _w_tile(w_rows, w_desc, row0, N, up_offset, k0, k_hi, n_mask, BLOCK_K: tl.constexpr,
+            GATED: tl.constexpr, TMA: tl.constexpr):
+    """The W tile at ``k0`` (and its up-projection twin when ``GATED``; else the same tile
+    again). By TMA the box is read whole: rows and columns past the matrix come back zero,
+    and columns past ``k_hi`` meet zeros of ``x``, so they add nothing."""
+    if TMA:
+        w = w_desc.load([row0, k0])
+        w_up = w
+        if GATED:
+            w_up = w_desc.load([N + row0, k0])
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
+        w_up = w
+        if GATED:
+            w_up = tl.load(w_rows + up_offset + offs_k[None, :], mask=w_mask, other=0.0)
     return w, w_up
 
 
@@ -102,11 +121,11 @@ def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.cons
 
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
+def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                    PRE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                   PDL: tl.constexpr):
+                   TMA: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -118,18 +137,22 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
     x_rows = x_ptr + offs_m[:, None] * s_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * s_wn
     up = N * s_wn
+    row0 = pid_n * ROWS
     # The first PRE W tiles are read before waiting on the previous kernel (weights are
     # never written during a step), so the stream of W starts while that kernel drains:
     # with PDL this kernel is resident from the previous one's start. (Names differ from
     # the loop's so that no tile becomes a loop-carried value.)
     offs_k0 = k_lo + tl.arange(0, BLOCK_K)
-    w0, u0 = _w_tile(w_rows, up, offs_k0, k_hi, n_mask, GATED)
+    w0, u0 = _w_tile(w_rows, w_desc, row0, N, up, k_lo, k_hi, n_mask, BLOCK_K, GATED, TMA)
     if PRE >= 2:
-        w1, u1 = _w_tile(w_rows, up, offs_k0 + BLOCK_K, k_hi, n_mask, GATED)
+        w1, u1 = _w_tile(w_rows, w_desc, row0, N, up, k_lo + BLOCK_K, k_hi, n_mask,
+                         BLOCK_K, GATED, TMA)
     if PRE >= 3:
-        w2, u2 = _w_tile(w_rows, up, offs_k0 + 2 * BLOCK_K, k_hi, n_mask, GATED)
+        w2, u2 = _w_tile(w_rows, w_desc, row0, N, up, k_lo + 2 * BLOCK_K, k_hi, n_mask,
+                         BLOCK_K, GATED, TMA)
     if PRE >= 4:
-        w3, u3 = _w_tile(w_rows, up, offs_k0 + 3 * BLOCK_K, k_hi, n_mask, GATED)
+        w3, u3 = _w_tile(w_rows, w_desc, row0, N, up, k_lo + 3 * BLOCK_K, k_hi, n_mask,
+                         BLOCK_K, GATED, TMA)
     pdl_wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -149,11 +172,10 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, 
         k_mask = offs_k < k_hi
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0)
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0)
+        w, w_up = _w_tile(w_rows, w_desc, row0, N, up, k0, k_hi, n_mask, BLOCK_K, GATED,
+                          TMA)
         acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
         if GATED:
-            w_up = tl.load(w_rows + up + offs_k[None, :], mask=w_mask, other=0.0)
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
     dt = w_ptr.dtype.element_ty
     if GATED:
@@ -179,12 +201,15 @@ class SkinnyConfig:
     num_stages: int = 4
     pre_tiles: int = 1    # W tiles each program reads before waiting on the previous kernel
     rows: int = 0         # output rows a program owns (<= block_n; 0: block_n)
+    tma: bool = False     # W tiles by TMA bulk copies (a Hopper GPU, or the interpreter)
 
     def __post_init__(self) -> None:
         require(1 <= self.pre_tiles <= MAX_PRE_TILES, "pre_tiles", self.pre_tiles,
                 f"1..{MAX_PRE_TILES} W tiles read before the PDL wait")
         require(0 <= self.rows <= self.block_n, "rows", self.rows,
                 f"0..block_n ({self.block_n}) output rows per program")
+        require(not self.tma or self.rows in (0, self.block_n), "rows", self.rows,
+                f"0 with tma (a TMA box is the whole {self.block_n}-row tile)")
 
     @property
     def rows_per_program(self) -> int:
@@ -203,14 +228,26 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> SkinnyConfig:
+def tma_fits(w: torch.Tensor) -> bool:
+    """Whether ``w``'s tiles can be TMA boxes: a Hopper GPU (or the interpreter) and rows
+    that start on 16-byte boundaries."""
+    if not (INTERPRET or hopper_or_later(w.device)):
+        return False
+    return (w.stride(-1) == 1 and w.data_ptr() % 16 == 0
+            and w.stride(0) * w.element_size() % 16 == 0)
+
+
+def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int,
+                   tma: bool = False) -> SkinnyConfig:
     """32-row tiles; split K until there are >= 2 programs per SM (QKV: 2 splits, o_proj
     and down_proj of a 4B: 4) where the consumer takes parts; a gated product cannot split
     (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
     sweep on an H200 (``scripts/device_decode_bench.py --sweep``). With ``BALANCE`` a
-    program owns ``balanced_rows`` of its tile's rows, so that every SM gets as many."""
+    program owns ``balanced_rows`` of its tile's rows, so that every SM gets as many;
+    ``tma`` (a weight that ``tma_fits``) reads W by TMA, each program its whole tile."""
     if n >= 256 * sms:
-        return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES)
+        return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES,
+                            tma=tma)
     block_n, block_k = (GATED_BLOCK_N, 128) if gated else (32, BLOCK_K)
     blocks = triton.cdiv(n, block_n)
     split = 1
@@ -220,7 +257,8 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int) -> Sk
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split,
                         num_stages=STAGES_GATED if gated else STAGES,
                         pre_tiles=PRE_TILES_GATED if gated else PRE_TILES,
-                        rows=balanced_rows(n, block_n, split, sms) if BALANCE else 0)
+                        rows=balanced_rows(n, block_n, split, sms) if BALANCE and not tma else 0,
+                        tma=tma)
 
 
 def balanced_rows(n: int, block_n: int, split: int, sms: int) -> int:
@@ -244,11 +282,16 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
     per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     rows = cfg.rows_per_program
     grid = (triton.cdiv(n, rows), cfg.split_k)
-    _skinny_kernel[grid](x, w, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
+    w_desc = w
+    if cfg.tma:
+        require(tma_fits(w), "tma", True, "false for this weight: TMA needs a Hopper GPU "
+                "(or the interpreter) and rows on 16-byte boundaries")
+        w_desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg.block_n, cfg.block_k])
+    _skinny_kernel[grid](x, w, w_desc, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
                          y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
                          BLOCK_N=cfg.block_n, ROWS=rows, BLOCK_K=cfg.block_k,
                          PRE=cfg.pre_tiles, DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
-                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          **pdl_args(x.device))
 
 
@@ -257,7 +300,8 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | Non
     """``x [M, K]`` (M <= 16), ``w [N, K]`` -> parts ``[S, M, N]`` (module docstring).
     An ``out_dtype`` (the logits' fp32) asks for the finished product: no split-K."""
     N, K = w.shape
-    cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(x.device))
+    cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(x.device),
+                                TMA and tma_fits(w))
     assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
     dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
     y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
@@ -272,7 +316,7 @@ def skinny_gated(x: torch.Tensor, w: torch.Tensor,
     two_i, K = w.shape
     assert two_i % 2 == 0
     n = two_i // 2
-    cfg = cfg or default_config(n, K, True, False, sm_count(x.device))
+    cfg = cfg or default_config(n, K, True, False, sm_count(x.device), TMA and tma_fits(w))
     assert cfg.split_k == 1, "a gated product cannot split K"
     y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=x.device)
     _launch(x, w, y, n, True, cfg)
