@@ -294,18 +294,21 @@ def test_skinny_fewer_rows_than_the_tile(device, gated, rows, split):
 
 
 @pytest.mark.parametrize("block_k", [128, 256])
-def test_block_k_knob_moves_the_plain_gemms_only(monkeypatch, block_k):
-    """OPENINFER_SKINNY_BLOCK_K: the plain decode GEMMs of a 4B take its W tile width with
-    the splits of the default (QKV 2, o_proj and down 4); the gated one keeps 128 (its
-    stage holds three tiles) and the LM head its own 256."""
-    monkeypatch.setattr(S, "BLOCK_K", block_k)
-    plain = {name: S.default_config(n, k, False, True, 132)
-             for name, (n, k) in dict(qkv=(6144, 2560), o_proj=(2560, 4096),
-                                      down=(2560, 9728)).items()}
-    assert {name: (c.block_k, c.split_k) for name, c in plain.items()} == dict(
-        qkv=(block_k, 2), o_proj=(block_k, 4), down=(block_k, 4))
-    assert S.default_config(9728, 2560, True, False, 132).block_k == 128
-    assert S.default_config(151936, 2560, False, False, 132).block_k == 256
+@pytest.mark.parametrize("knob,m", [("BLOCK_K", 8), ("BLOCK_K_ONE_ROW", 1)])
+def test_block_k_knobs_move_the_plain_gemms_of_their_batches(monkeypatch, block_k, knob, m):
+    """OPENINFER_SKINNY_BLOCK_K (batches of 2+ rows) and _BLOCK_K_ONE_ROW (batch 1): the
+    plain decode GEMMs of a 4B at that batch take the knob's W tile width with the splits
+    of the default (QKV 2, o_proj and down 4), the other batch keeps 128; the gated GEMM
+    keeps 128 (its stage holds three tiles) and the LM head its own 256."""
+    monkeypatch.setattr(S, knob, block_k)
+    shapes = dict(qkv=(6144, 2560), o_proj=(2560, 4096), down=(2560, 9728))
+    for rows, width in ((m, block_k), (9 - m, 128)):      # 9 - m: the other batch
+        plain = {name: S.default_config(n, k, False, True, 132, m=rows)
+                 for name, (n, k) in shapes.items()}
+        assert {name: (c.block_k, c.split_k) for name, c in plain.items()} == dict(
+            qkv=(width, 2), o_proj=(width, 4), down=(width, 4))
+    assert S.default_config(9728, 2560, True, False, 132, m=m).block_k == 128
+    assert S.default_config(151936, 2560, False, False, 132, m=m).block_k == 256
 
 
 @pytest.mark.parametrize("gated,m,n,k,split,pre", [

@@ -72,12 +72,15 @@ STAGES = env_choice("OPENINFER_SKINNY_STAGES", 3, (2, 3, 4, 5),
 STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
                           "pipeline stages of the gated decode GEMM")
 # K per W tile of the plain decode GEMMs (the gated one keeps 128: its stage holds gate, up
-# and x tiles). A knob to test one explanation, not yet measured, of why the H200 of 12-06
-# spent 0.93 ms of a bs1 step beyond its bytes where the H100 spent 0.71: that a program's
-# (stages - 1) tiles in flight are too few bytes for the H200's higher bandwidth (Little's
-# law asks ~40% more of them). 256 doubles them at the same stage count.
+# and x tiles), at batch 1 and at larger batches. Tried to test one explanation of why the
+# H200 of 12-06 spent 0.93 ms of a bs1 step beyond its bytes where the H100 spent 0.71:
+# that a program's tiles in flight are too few bytes for the H200's bandwidth. On an H100
+# (results/gpu/dec07_variants_h100/) 256 everywhere took bs1 1.5-1.6% faster and bs8
+# 4.8-6.5% slower, hence a batch-1 knob of its own; the H200 is not yet measured.
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
-                     "K per W tile of the plain decode GEMMs")
+                     "K per W tile of the plain decode GEMMs, batches of 2 or more rows")
+BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 128, (64, 128, 256),
+                             "K per W tile of the plain decode GEMMs at batch 1")
 # W tiles fetched by the tensor-memory accelerator (one bulk copy a tile, Hopper) instead
 # of every thread's 16-byte asynchronous copies. A knob for a third explanation of the
 # H200's larger time beyond its bytes, not yet measured: that a program's outstanding copy
@@ -238,17 +241,19 @@ def tma_fits(w: torch.Tensor) -> bool:
 
 
 def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int,
-                   tma: bool = False) -> SkinnyConfig:
+                   tma: bool = False, m: int = 2) -> SkinnyConfig:
     """32-row tiles; split K until there are >= 2 programs per SM (QKV: 2 splits, o_proj
     and down_proj of a 4B: 4) where the consumer takes parts; a gated product cannot split
     (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
     sweep on an H200 (``scripts/device_decode_bench.py --sweep``). With ``BALANCE`` a
     program owns ``balanced_rows`` of its tile's rows, so that every SM gets as many;
-    ``tma`` (a weight that ``tma_fits``) reads W by TMA, each program its whole tile."""
+    ``tma`` (a weight that ``tma_fits``) reads W by TMA, each program its whole tile.
+    ``m``: the rows of ``x`` (a graph bucket's batch); one row takes BLOCK_K_ONE_ROW."""
     if n >= 256 * sms:
         return SkinnyConfig(block_n=64, block_k=256, num_stages=3, pre_tiles=PRE_TILES,
                             tma=tma)
-    block_n, block_k = (GATED_BLOCK_N, 128) if gated else (32, BLOCK_K)
+    block_n, block_k = (GATED_BLOCK_N, 128) if gated else (
+        32, BLOCK_K_ONE_ROW if m == 1 else BLOCK_K)
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
@@ -301,7 +306,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | Non
     An ``out_dtype`` (the logits' fp32) asks for the finished product: no split-K."""
     N, K = w.shape
     cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(x.device),
-                                TMA and tma_fits(w))
+                                TMA and tma_fits(w), x.shape[0])
     assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
     dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
     y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
@@ -316,7 +321,8 @@ def skinny_gated(x: torch.Tensor, w: torch.Tensor,
     two_i, K = w.shape
     assert two_i % 2 == 0
     n = two_i // 2
-    cfg = cfg or default_config(n, K, True, False, sm_count(x.device), TMA and tma_fits(w))
+    cfg = cfg or default_config(n, K, True, False, sm_count(x.device), TMA and tma_fits(w),
+                                x.shape[0])
     assert cfg.split_k == 1, "a gated product cannot split K"
     y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=x.device)
     _launch(x, w, y, n, True, cfg)
