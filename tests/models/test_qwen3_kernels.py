@@ -298,11 +298,12 @@ def test_skinny_fewer_rows_than_the_tile(device, gated, rows, split):
 def test_block_k_knobs_move_the_plain_gemms_of_their_batches(monkeypatch, block_k, knob, m):
     """OPENINFER_SKINNY_BLOCK_K (batches of 2+ rows) and _BLOCK_K_ONE_ROW (batch 1): the
     plain decode GEMMs of a 4B at that batch take the knob's W tile width with the splits
-    of the default (QKV 2, o_proj and down 4), the other batch keeps 128; the gated GEMM
-    keeps 128 (its stage holds three tiles) and the LM head its own 256."""
+    of the default (QKV 2, o_proj and down 4), the other batch keeps its own knob's; the
+    gated GEMM keeps 128 (its stage holds three tiles) and the LM head its own 256."""
+    other = S.BLOCK_K_ONE_ROW if knob == "BLOCK_K" else S.BLOCK_K
     monkeypatch.setattr(S, knob, block_k)
     shapes = dict(qkv=(6144, 2560), o_proj=(2560, 4096), down=(2560, 9728))
-    for rows, width in ((m, block_k), (9 - m, 128)):      # 9 - m: the other batch
+    for rows, width in ((m, block_k), (9 - m, other)):    # 9 - m: the other batch
         plain = {name: S.default_config(n, k, False, True, 132, m=rows)
                  for name, (n, k) in shapes.items()}
         assert {name: (c.block_k, c.split_k) for name, c in plain.items()} == dict(

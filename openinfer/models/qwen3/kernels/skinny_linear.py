@@ -72,14 +72,13 @@ STAGES = env_choice("OPENINFER_SKINNY_STAGES", 3, (2, 3, 4, 5),
 STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
                           "pipeline stages of the gated decode GEMM")
 # K per W tile of the plain decode GEMMs (the gated one keeps 128: its stage holds gate, up
-# and x tiles), at batch 1 and at larger batches. Tried to test one explanation of why the
-# H200 of 12-06 spent 0.93 ms of a bs1 step beyond its bytes where the H100 spent 0.71:
-# that a program's tiles in flight are too few bytes for the H200's bandwidth. On an H100
-# (results/gpu/dec07_variants_h100/) 256 everywhere took bs1 1.5-1.6% faster and bs8
-# 4.8-6.5% slower, hence a batch-1 knob of its own; the H200 is not yet measured.
+# and x tiles), at batch 1 and at larger batches. On an H100, 256 everywhere took bs1
+# 1.5-1.6% faster and bs8 4.8-6.5% slower (results/gpu/dec07_variants_h100/); 256 at batch 1
+# alone, in a second call, bs1 -1.8% (1k) / -1.5% (4k) with every larger batch within 0.1%
+# (results/gpu/dec07_block_k_one_row_h100/). The H200 is not yet measured.
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs, batches of 2 or more rows")
-BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 128, (64, 128, 256),
+BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 256),
                              "K per W tile of the plain decode GEMMs at batch 1")
 # W tiles fetched by the tensor-memory accelerator (one bulk copy a tile, Hopper) instead
 # of every thread's 16-byte asynchronous copies. A knob for a third explanation of the
