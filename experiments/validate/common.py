@@ -82,6 +82,9 @@ def environment(device: str) -> dict[str, Any]:
     else:
         env["gpu"] = None
     env["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "0")
+    # launch knobs set for this run (kernels/_tuning.py): a report must say it did not
+    # time the tree's defaults
+    env["knobs"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("OPENINFER_")}
     return env
 
 

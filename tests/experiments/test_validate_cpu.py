@@ -6,6 +6,7 @@ need CUDA events and graphs and must say so. The GPU run is scripts/device_valid
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -100,6 +101,17 @@ def test_served_workloads_finish_with_hits_from_both_tiers(report):
         copies = [r for r in recs if r["type"] == "copy"]
         assert copies and {r["dir"] for r in copies} >= {"d2h", "h2d"}   # CPU copies: 0 s, unfit
     assert sv["workloads"]["fit"]["workload"]["kind"] != sv["workloads"]["heldout"]["workload"]["kind"]
+
+
+def test_the_report_names_the_launch_knobs_it_ran_with(monkeypatch):
+    """A validate run with OPENINFER_* launch knobs set did not time the tree's defaults:
+    its environment record says which it had (and none when none is set)."""
+    from experiments.validate.common import environment
+    for var in [v for v in os.environ if v.startswith("OPENINFER_")]:
+        monkeypatch.delenv(var)
+    assert environment("cpu")["knobs"] == {}
+    monkeypatch.setenv("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", "128")
+    assert environment("cpu")["knobs"] == {"OPENINFER_SKINNY_BLOCK_K_ONE_ROW": "128"}
 
 
 def test_triton_goldens_on_the_cpu_need_the_interpreter(monkeypatch):
