@@ -1,0 +1,57 @@
+"""``scripts/kernel_report.py`` compiles the decode GEMM for Hopper on a machine without a
+GPU, so a change that makes its weight tiles stop being pipelined copies, or makes a
+launch spill, is caught here rather than in a GPU call."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_report.py"
+LAUNCHES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+
+
+def _report(*args: str, **knobs: str) -> dict[str, dict]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OPENINFER_") and k != "TRITON_INTERPRET"}
+    env.update(knobs)
+    out = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", *args], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"(\w+)\s+(\d+)x(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\{.*\})$", line)
+        if m:
+            rows[m[1]] = dict(registers=int(m[4]), spill=int(m[5]), shared_kb=float(m[6]),
+                              fit=int(m[7]), ops=ast.literal_eval(m[8]))
+    return rows
+
+
+@pytest.mark.parametrize("rows", ["1", "8"])
+def test_every_decode_gemm_pipelines_its_weights_without_spilling(rows):
+    report = _report("--rows", rows)
+    assert set(report) == set(LAUNCHES)
+    for name, r in report.items():
+        assert r["spill"] == 0, name
+        assert r["ops"].get("cp.async.cg", 0) > 0, name          # W streamed by async copies
+        assert r["ops"].get("griddepcontrol.wait") == 1, name   # one PDL wait a program
+        assert r["fit"] >= 2, name                              # the step's one wave fits
+
+
+def test_the_tma_knob_turns_weight_tiles_into_bulk_copies():
+    plain, tma = _report(), _report(OPENINFER_SKINNY_TMA="1")
+    for name in LAUNCHES:
+        assert "cp.async.bulk.tensor" not in plain[name]["ops"]
+        assert tma[name]["ops"].get("cp.async.bulk.tensor", 0) > 0, name
+
+
+def test_a_batch_the_gemm_cannot_take_is_refused():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--rows", "17"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--rows 17" in out.stderr
