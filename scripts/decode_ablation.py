@@ -42,7 +42,7 @@ def log(msg: str) -> None:
 def stub_ops(skip: str, **settings: int) -> Any:
     """Triton ops with the ``skip`` kind replaced by a stand-in that launches nothing."""
     import torch
-    from openinfer.models.qwen3.kernels.skinny_linear import default_config, sm_count
+    from openinfer.models.qwen3.kernels.skinny_linear import launch_config
     from openinfer.models.qwen3.ops import TritonOps
 
     class StubOps(TritonOps):
@@ -61,8 +61,8 @@ def stub_ops(skip: str, **settings: int) -> Any:
         def linear(self, x, w):
             if self.proj.get(tuple(w.shape)) != self.skip:
                 return super().linear(x, w)
-            n, k = w.shape
-            split = default_config(n, k, False, True, sm_count(x.device)).split_k
+            n = w.shape[0]
+            split = launch_config(x, w, False, True).split_k
             dtype = torch.float32 if split > 1 else w.dtype
             return self._zeros((split, x.shape[0], n), dtype, x.device)
 

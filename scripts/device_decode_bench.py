@@ -281,7 +281,7 @@ def sweep_linear(bandwidth: float) -> list[dict[str, Any]]:
     import torch.nn.functional as F
     from openinfer.models.qwen3 import kernels as K
     from openinfer.models.qwen3.kernels import reference as R
-    from openinfer.models.qwen3.kernels.skinny_linear import default_config
+    from openinfer.models.qwen3.kernels.skinny_linear import launch_config
     shapes = dict(qkv=(6144, 2560, False), o_proj=(2560, 4096, False),
                   gate_up=(2 * 9728, 2560, True), down=(2560, 9728, False),
                   lm_head=(151936, 2560, False))
@@ -301,7 +301,7 @@ def sweep_linear(bandwidth: float) -> list[dict[str, Any]]:
                 base = graph_time([lambda w=w: F.linear(x, w) for w in ws])
             rows.append(dict(shape=name, m=m, impl="cublas", s=base, tbps=nbytes / base / 1e12))
             cfgs = []
-            default = default_config(n // 2 if gated else n, k, gated, name != "lm_head", 132)
+            default = launch_config(x, ws[0], gated, name != "lm_head")
             cfgs.append(default)
             for bn, bk, st, nw in tiles if m == 1 else tiles[:3]:
                 for split in ((1,) if gated or name == "lm_head" else (1, 2, 4, 8)):

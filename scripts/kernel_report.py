@@ -41,6 +41,7 @@ PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global\.v4|l
 class LaunchReport:
     name: str
     grid: tuple[int, int]
+    threads: int
     registers: int
     spill_bytes: int
     shared_bytes: int
@@ -49,8 +50,7 @@ class LaunchReport:
     @property
     def programs_per_sm(self) -> int:
         """Programs an SM can hold, by registers and by shared memory (the lesser)."""
-        threads = 128
-        by_regs = REGISTERS_PER_SM // max(1, self.registers * threads)
+        by_regs = REGISTERS_PER_SM // max(1, self.registers * self.threads)
         by_smem = SHARED_PER_SM // max(1, self.shared_bytes)
         return min(by_regs, by_smem)
 
@@ -73,9 +73,12 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    import torch
+
     from openinfer.models.qwen3.kernels import skinny_linear as _  # noqa: F401
+    from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
     S = sys.modules["openinfer.models.qwen3.kernels.skinny_linear"]
-    cfg = S.default_config(n, k, gated, may_split, sms, bool(S.TMA), rows)
+    cfg = S.default_config(n, k, gated, may_split, sms, m=rows, tma=bool(S.TMA))
     fn = S._skinny_kernel
     split = cfg.split_k > 1
     out_ty = "*fp32" if split or name == "lm_head" else "*bf16"
@@ -88,7 +91,8 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
                   s_ym=n)
     constants = dict(GATED=gated, ROUND=not split, BLOCK_M=S.MAX_ROWS, BLOCK_N=cfg.block_n,
                      ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
-                     DOT_PREC="ieee", UPCAST=False, TMA=cfg.tma, PDL=True)
+                     DOT_PREC=dot_precision(torch.bfloat16), UPCAST=False, TMA=cfg.tma,
+                     PDL=True)
     if rows == 1:                   # the JIT makes an int argument equal to 1 a constant
         signature["M"] = "constexpr"
         constants["M"] = 1
@@ -100,12 +104,14 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     src = ASTSource(fn=fn, signature=signature, attrs=attrs,
                     constexprs={(fn.arg_names.index(c),): v for c, v in constants.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                         launch_pdl=True))
     ptx = kernel.asm["ptx"]
     registers, spill = _ptxas_usage(ptx, arch)
     ops = dict(sorted(collections.Counter(m.group(1) for m in PTX_OPS.finditer(ptx)).items()))
     grid = (triton.cdiv(n, cfg.rows_per_program), cfg.split_k)
-    return LaunchReport(name, grid, registers, spill, kernel.metadata.shared, ops)
+    return LaunchReport(name, grid, 32 * cfg.num_warps, registers, spill,
+                        kernel.metadata.shared, ops)
 
 
 def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:

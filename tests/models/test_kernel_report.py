@@ -17,11 +17,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_report.py"
 LAUNCHES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
-def _report(*args: str, **knobs: str) -> dict[str, dict]:
+def _report(*args: str, size: str = "tiny", **knobs: str) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("OPENINFER_") and k != "TRITON_INTERPRET"}
     env.update(knobs)
-    out = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", *args], env=env,
+    out = subprocess.run([sys.executable, str(SCRIPT), "--size", size, *args], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = {}
@@ -33,15 +33,19 @@ def _report(*args: str, **knobs: str) -> dict[str, dict]:
     return rows
 
 
-@pytest.mark.parametrize("rows", ["1", "8"])
-def test_every_decode_gemm_pipelines_its_weights_without_spilling(rows):
-    report = _report("--rows", rows)
+@pytest.mark.parametrize("size,rows", [("tiny", "1"), ("tiny", "8"), ("4b", "1"), ("4b", "8")])
+def test_every_decode_gemm_pipelines_its_weights_without_spilling(size, rows):
+    """The 4B's launches too: split K, balanced rows and the LM head's wide tiles. Its LM
+    head at batch 8 (three 64 x 256 tiles held in registers before the wait) spills 96
+    bytes, the one known spill; its cost is not measured."""
+    report = _report("--rows", rows, size=size)
     assert set(report) == set(LAUNCHES)
     for name, r in report.items():
-        assert r["spill"] == 0, name
+        known = (size, rows, name) == ("4b", "8", "lm_head")
+        assert r["spill"] == (96 if known else 0), name
         assert r["ops"].get("cp.async.cg", 0) > 0, name          # W streamed by async copies
         assert r["ops"].get("griddepcontrol.wait") == 1, name   # one PDL wait a program
-        assert r["fit"] >= 2, name                              # the step's one wave fits
+        assert r["fit"] >= 2, name           # two programs an SM: the step's one wave fits
 
 
 def test_the_tma_knob_turns_weight_tiles_into_bulk_copies():

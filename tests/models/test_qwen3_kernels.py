@@ -335,6 +335,44 @@ def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, gated, m, n
     assert torch.equal(boxed, plain)
 
 
+def test_a_tma_tile_past_a_short_split_reads_nothing(device):
+    """With more pre-wait tiles than a split's K range holds, the extra TMA boxes are moved
+    past the matrix, not onto the next split's columns: a NaN there (or any value) cannot
+    reach this split's part, which equals the masked loads' bit for bit."""
+    if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
+        pytest.skip("TMA needs a Hopper GPU")
+    x = torch.randn(1, 64, device=device)
+    w = torch.randn(16, 64, device=device)
+    w[:, 16:] = float("nan")                       # every column after split 0's one tile
+    parts = [K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, split_k=4,
+                                                      pre_tiles=3, tma=tma))
+             for tma in (False, True)]
+    assert torch.isfinite(parts[1][0]).all()
+    assert torch.equal(parts[1][0], parts[0][0])
+
+
+def test_the_default_launch_is_chosen_for_the_batch_it_runs(device, monkeypatch):
+    """skinny_linear and skinny_gated size their launch for the rows of x: batch 1 gets
+    the batch-1 tile width, and K is split the same way whatever the tile."""
+    seen = []
+    real = S.default_config
+
+    def spy(*args, **kwargs):
+        cfg = real(*args, **kwargs)
+        seen.append((kwargs["m"], cfg))
+        return cfg
+    monkeypatch.setattr(S, "default_config", spy)
+    w = torch.randn(40, 64, device=device)
+    for rows in (1, 3):
+        K.skinny_linear(torch.randn(rows, 64, device=device), w)
+        K.skinny_gated(torch.randn(rows, 64, device=device), w)
+    assert [m for m, _ in seen] == [1, 1, 3, 3]
+    plain_one, plain_three = seen[0][1], seen[2][1]
+    assert (plain_one.block_k, plain_three.block_k) == (S.BLOCK_K_ONE_ROW, S.BLOCK_K)
+    assert S.default_config(1024, 2048, False, True, 132, m=1).split_k == \
+        S.default_config(1024, 2048, False, True, 132, m=2).split_k
+
+
 def test_tma_is_refused_for_unaligned_rows_and_skipped_by_the_knob(device, monkeypatch):
     """A weight whose rows do not start on 16-byte boundaries (K = 70 fp32) cannot be read
     in TMA boxes: asked for by name it is a ConfigError, while the knob leaves such a
@@ -346,7 +384,7 @@ def test_tma_is_refused_for_unaligned_rows_and_skipped_by_the_knob(device, monke
     monkeypatch.setattr(S, "TMA", 1)
     torch.testing.assert_close(R.merge_parts(K.skinny_linear(x, w), x.dtype), F.linear(x, w),
                                **_tol(torch.float32))
-    assert S.default_config(2560, 9728, False, True, 132, tma=True).rows_per_program == 32
+    assert S.default_config(2560, 9728, False, True, 132, m=1, tma=True).rows_per_program == 32
     with pytest.raises(ConfigError, match="rows"):
         K.SkinnyConfig(block_n=32, rows=26, tma=True)
 

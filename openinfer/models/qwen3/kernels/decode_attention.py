@@ -68,9 +68,10 @@ MIN_SPLIT_TOKENS = env_choice("OPENINFER_DECODE_MIN_SPLIT_TOKENS", 128, (32, 64,
 # of 12-06 (results/gpu/dec06_h200/) batch 32 and 64 at 4k took 8.87 and 13.78 ms, against
 # 7.89-7.99 and 12.17-12.36 ms in the two 12-04 runs with that form (+11-13%; at 1k +2-5%),
 # while on an H100 the read-ahead 32-token form had cost those batches at most 1.3%
-# (results/gpu/decode_from_qkv/). Whether the form is the cause is not yet measured side by
-# side. Batches of at least WAIT_FIRST_ROWS rows take it; 0 (the default until then) leaves
-# every batch on the read-ahead form.
+# (results/gpu/decode_from_qkv/). Side by side on an H100 (results/gpu/dec07_variants_h100/)
+# this form cost batch 32/64 4-16%, and so did 64-token tiles alone, so it is not the fix
+# there; the H200 is not measured. Batches of at least WAIT_FIRST_ROWS rows take it; 0 (the
+# default) leaves every batch on the read-ahead form.
 WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 1, 2, 4, 8, 16, 32, 64),
                              "smallest decode batch that waits before reading K/V (0: none)")
 WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 32, 64, 128),

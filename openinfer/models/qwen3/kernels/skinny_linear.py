@@ -74,33 +74,42 @@ STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
 # K per W tile of the plain decode GEMMs (the gated one keeps 128: its stage holds gate, up
 # and x tiles), at batch 1 and at larger batches. On an H100, 256 everywhere took bs1
 # 1.5-1.6% faster and bs8 4.8-6.5% slower (results/gpu/dec07_variants_h100/); 256 at batch 1
-# alone, in a second call, bs1 -1.8% (1k) / -1.5% (4k) with every larger batch within 0.1%
-# (results/gpu/dec07_block_k_one_row_h100/). The H200 is not yet measured.
+# alone, in a second call, bs1 -1.8% (1k) / -1.5% (4k) with every larger batch within 0.12%
+# (results/gpu/dec07_block_k_one_row_h100/), each against the same call's 128. The H200 is
+# not yet measured. The tile does not change how K is split (``_SPLIT_UNIT``).
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs, batches of 2 or more rows")
 BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 256),
                              "K per W tile of the plain decode GEMMs at batch 1")
 # W tiles fetched by the tensor-memory accelerator (one bulk copy a tile, Hopper) instead
-# of every thread's 16-byte asynchronous copies. A knob for a third explanation of the
-# H200's larger time beyond its bytes, not yet measured: that a program's outstanding copy
-# instructions, not its bytes, cap what an SM has in flight (4 stages instead of 3 raised
-# the bytes by half and gained nothing there, results/gpu/dec06_h200/). A TMA box is a
-# power-of-two tile, so a program owns its whole tile (no balanced rows), and a weight
-# whose rows are not 16-byte aligned keeps the plain loads.
+# of every thread's 16-byte asynchronous copies, to test a third explanation of the H200's
+# larger time beyond its bytes: that a program's outstanding copy instructions, not its
+# bytes, cap what an SM has in flight (4 stages instead of 3 raised the bytes by half and
+# gained nothing there, results/gpu/dec06_h200/). On an H100 it was 1.1-1.2% slower at bs1
+# than the same whole-tile launch without it (results/gpu/dec07_variants_h100/), so it is
+# off; the H200 is not measured. A TMA box is a power-of-two tile, so a program owns its
+# whole tile (no balanced rows), and a weight whose rows are not 16-byte aligned keeps the
+# plain loads.
 TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copies (Hopper)")
+# K is split in units of this many columns whatever the tile width, so a tile knob changes
+# the tile alone (at 256, smaller models would otherwise take half the splits at batch 1).
+_SPLIT_UNIT = 128
 
 
 @triton.jit
-def _w_tile(w_rows, w_desc, row0, N, up_offset, k0, k_hi, n_mask, BLOCK_K: tl.constexpr,
+def _w_tile(w_rows, w_desc, row0, N, K, up_offset, k0, k_hi, n_mask, BLOCK_K: tl.constexpr,
             GATED: tl.constexpr, TMA: tl.constexpr):
     """The W tile at ``k0`` (and its up-projection twin when ``GATED``; else the same tile
-    again). By TMA the box is read whole: rows and columns past the matrix come back zero,
-    and columns past ``k_hi`` meet zeros of ``x``, so they add nothing."""
+    again). By TMA the box is read whole, and rows and columns past the matrix come back
+    zero without being read; a tile at or past ``k_hi`` (a pre-wait tile beyond a short
+    split, which a box cannot mask) is moved past the matrix's last column, so it reads
+    nothing. Rows of a gate box past N are up rows, dropped at the store."""
     if TMA:
-        w = w_desc.load([row0, k0])
+        kk = tl.where(k0 < k_hi, k0, K)
+        w = w_desc.load([row0, kk])
         w_up = w
         if GATED:
-            w_up = w_desc.load([N + row0, k0])
+            w_up = w_desc.load([N + row0, kk])
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
@@ -145,15 +154,15 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     # with PDL this kernel is resident from the previous one's start. (Names differ from
     # the loop's so that no tile becomes a loop-carried value.)
     offs_k0 = k_lo + tl.arange(0, BLOCK_K)
-    w0, u0 = _w_tile(w_rows, w_desc, row0, N, up, k_lo, k_hi, n_mask, BLOCK_K, GATED, TMA)
+    w0, u0 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo, k_hi, n_mask, BLOCK_K, GATED, TMA)
     if PRE >= 2:
-        w1, u1 = _w_tile(w_rows, w_desc, row0, N, up, k_lo + BLOCK_K, k_hi, n_mask,
+        w1, u1 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo + BLOCK_K, k_hi, n_mask,
                          BLOCK_K, GATED, TMA)
     if PRE >= 3:
-        w2, u2 = _w_tile(w_rows, w_desc, row0, N, up, k_lo + 2 * BLOCK_K, k_hi, n_mask,
+        w2, u2 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo + 2 * BLOCK_K, k_hi, n_mask,
                          BLOCK_K, GATED, TMA)
     if PRE >= 4:
-        w3, u3 = _w_tile(w_rows, w_desc, row0, N, up, k_lo + 3 * BLOCK_K, k_hi, n_mask,
+        w3, u3 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo + 3 * BLOCK_K, k_hi, n_mask,
                          BLOCK_K, GATED, TMA)
     pdl_wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -174,7 +183,7 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
         k_mask = offs_k < k_hi
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0)
-        w, w_up = _w_tile(w_rows, w_desc, row0, N, up, k0, k_hi, n_mask, BLOCK_K, GATED,
+        w, w_up = _w_tile(w_rows, w_desc, row0, N, K, up, k0, k_hi, n_mask, BLOCK_K, GATED,
                           TMA)
         acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
         if GATED:
@@ -239,8 +248,8 @@ def tma_fits(w: torch.Tensor) -> bool:
             and w.stride(0) * w.element_size() % 16 == 0)
 
 
-def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int,
-                   tma: bool = False, m: int = 2) -> SkinnyConfig:
+def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int, *, m: int,
+                   tma: bool = False) -> SkinnyConfig:
     """32-row tiles; split K until there are >= 2 programs per SM (QKV: 2 splits, o_proj
     and down_proj of a 4B: 4) where the consumer takes parts; a gated product cannot split
     (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
@@ -256,13 +265,21 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int,
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
-        while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * block_k:
+        while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * _SPLIT_UNIT:
             split *= 2
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split,
                         num_stages=STAGES_GATED if gated else STAGES,
                         pre_tiles=PRE_TILES_GATED if gated else PRE_TILES,
                         rows=balanced_rows(n, block_n, split, sms) if BALANCE and not tma else 0,
                         tma=tma)
+
+
+def launch_config(x: torch.Tensor, w: torch.Tensor, gated: bool, may_split: bool) -> SkinnyConfig:
+    """The launch ``skinny_linear`` / ``skinny_gated`` make for ``x`` and ``w`` given no
+    config (the GPU's SMs, the batch's rows, TMA where the knob asks and ``w`` allows)."""
+    n = w.shape[0] // 2 if gated else w.shape[0]
+    return default_config(n, w.shape[1], gated, may_split, sm_count(x.device), m=x.shape[0],
+                          tma=bool(TMA) and tma_fits(w))
 
 
 def balanced_rows(n: int, block_n: int, split: int, sms: int) -> int:
@@ -304,8 +321,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | Non
     """``x [M, K]`` (M <= 16), ``w [N, K]`` -> parts ``[S, M, N]`` (module docstring).
     An ``out_dtype`` (the logits' fp32) asks for the finished product: no split-K."""
     N, K = w.shape
-    cfg = cfg or default_config(N, K, False, out_dtype is None, sm_count(x.device),
-                                TMA and tma_fits(w), x.shape[0])
+    cfg = cfg or launch_config(x, w, False, out_dtype is None)
     assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
     dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
     y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
@@ -320,8 +336,7 @@ def skinny_gated(x: torch.Tensor, w: torch.Tensor,
     two_i, K = w.shape
     assert two_i % 2 == 0
     n = two_i // 2
-    cfg = cfg or default_config(n, K, True, False, sm_count(x.device), TMA and tma_fits(w),
-                                x.shape[0])
+    cfg = cfg or launch_config(x, w, True, False)
     assert cfg.split_k == 1, "a gated product cannot split K"
     y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=x.device)
     _launch(x, w, y, n, True, cfg)
