@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not 1 <= a.rows <= 16:
         ap.error(f"--rows {a.rows}: the skinny GEMM takes 1..16 rows")
-    knobs = {k: v for k, v in sorted(os.environ.items()) if k.startswith("OPENINFER_SKINNY")}
+    from openinfer.models.qwen3.kernels._tuning import knobs_set
+    knobs = knobs_set("OPENINFER_SKINNY")
     print(f"skinny GEMM, {a.size}, batch {a.rows}, sm_{a.arch}; knobs: {knobs or 'defaults'}")
     print(f"{'launch':8} {'grid':>10} {'regs':>5} {'spill':>5} {'smem KB':>8} {'fit/SM':>6}  ops")
     for name, (n, k, gated, may_split) in projections(a.size).items():

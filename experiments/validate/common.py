@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from openinfer.models.qwen3.kernels._tuning import knobs_set
+
 
 def log(msg: str) -> None:
     print(f"[validate {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -82,9 +84,7 @@ def environment(device: str) -> dict[str, Any]:
     else:
         env["gpu"] = None
     env["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "0")
-    # launch knobs set for this run (kernels/_tuning.py): a report must say it did not
-    # time the tree's defaults
-    env["knobs"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("OPENINFER_")}
+    env["knobs"] = knobs_set()     # launch knobs: a report must say it did not time defaults
     return env
 
 

@@ -20,3 +20,9 @@ def env_choice(var: str, default: int, allowed: Sequence[int], what: str) -> int
     require(text.isdigit() and int(text) in allowed, var, text,
             f"one of {', '.join(map(str, allowed))} ({what})")
     return int(text)
+
+
+def knobs_set(prefix: str = "OPENINFER_") -> dict[str, str]:
+    """The knobs this process was started with (``prefix``...), sorted: what a report or a
+    printout must name, since it did not run the tree's defaults."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefix)}

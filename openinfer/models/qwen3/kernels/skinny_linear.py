@@ -320,7 +320,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | Non
                   cfg: SkinnyConfig | None = None) -> torch.Tensor:
     """``x [M, K]`` (M <= 16), ``w [N, K]`` -> parts ``[S, M, N]`` (module docstring).
     An ``out_dtype`` (the logits' fp32) asks for the finished product: no split-K."""
-    N, K = w.shape
+    N = w.shape[0]
     cfg = cfg or launch_config(x, w, False, out_dtype is None)
     assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
     dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
@@ -333,9 +333,8 @@ def skinny_gated(x: torch.Tensor, w: torch.Tensor,
                  cfg: SkinnyConfig | None = None) -> torch.Tensor:
     """``x [M, K]`` (M <= 16), ``w = [gate; up] [2I, K]`` -> ``silu(x g^T) * (x u^T)``
     ``[M, I]`` in the weight dtype."""
-    two_i, K = w.shape
-    assert two_i % 2 == 0
-    n = two_i // 2
+    assert w.shape[0] % 2 == 0
+    n = w.shape[0] // 2
     cfg = cfg or launch_config(x, w, True, False)
     assert cfg.split_k == 1, "a gated product cannot split K"
     y = torch.empty((1, x.shape[0], n), dtype=w.dtype, device=x.device)
