@@ -4,7 +4,10 @@
 # with ABLATE=1), where the bs1 step's time goes (scripts/decode_ablation.py). No validate:
 # use device_tune_and_validate.sh once a variant is worth making the default.
 #
-#   [ABLATE=auto|1|0] scripts/device_bench_and_ablate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
+#   [ABLATE=auto|1|0] [BASE=DIR] scripts/device_bench_and_ablate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
+#
+# BASE: an older tree's package beside the working tree's, as ``before`` (make it with
+# ``mkdir -p .bench_base && git archive REV openinfer | tar -x -C .bench_base``).
 #
 # Carry `.whl/` (the simpy wheel). Writes $OUT/nvidia-smi.txt, $OUT/decode_bench.json,
 # $OUT/bench.log and, when it ablates, $OUT/ablation.json and $OUT/ablation.log (five
@@ -16,6 +19,7 @@ WORK=${WORK:-/tmp/bench_ablate}; rm -rf "$WORK/bench" "$WORK/abl"; mkdir -p "$WO
 source scripts/device_env.sh
 gpu_info "$OUT/nvidia-smi.txt"
 V=(); for v in "$@"; do V+=(--variant "$v"); done
+[ -n "${BASE:-}" ] && V+=(--base "$BASE")
 timeout "${BENCH_TIMEOUT:-280}" python3 scripts/device_decode_bench.py --out "$WORK/bench" "${V[@]}" \
   > "$OUT/bench.log" 2>&1
 cp "$WORK/bench/decode_bench.json" "$OUT/" 2>/dev/null

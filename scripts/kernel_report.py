@@ -86,7 +86,7 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "w_desc": desc, "y_ptr": out_ty,
                  "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32", "s_xm": "i32",
                  "s_wn": "i32", "s_ys": "i32", "s_ym": "i32"}
-    per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    per_split = S.columns_per_split(k, cfg)
     values = dict(M=rows, N=n, K=k, k_per_split=per_split, s_xm=k, s_wn=k, s_ys=rows * n,
                   s_ym=n)
     constants = dict(GATED=gated, ROUND=not split, BLOCK_M=S.MAX_ROWS, BLOCK_N=cfg.block_n,

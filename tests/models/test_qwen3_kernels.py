@@ -8,6 +8,7 @@ passes them (views of the fused QKV output and of the page-major arena).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -310,6 +311,25 @@ def test_block_k_knobs_move_the_plain_gemms_of_their_batches(monkeypatch, block_
             qkv=(width, 2), o_proj=(width, 4), down=(width, 4))
     assert S.default_config(9728, 2560, True, False, 132, m=m).block_k == 128
     assert S.default_config(151936, 2560, False, False, 132, m=m).block_k == 256
+
+
+def test_splits_are_even_in_columns_not_whole_tiles(device, monkeypatch):
+    """K is split in _SPLIT_UNIT columns, so a tile wider than that may straddle a split's
+    end: the loads mask it, and the parts still add up to the product. A 4B's down_proj at
+    batch 1 (256-wide tiles, 4 splits of its 9,728 columns) gets 2,432 columns a split
+    where whole tiles gave 2,560 to three splits and 2,048 to the last."""
+    down = S.default_config(2560, 9728, False, True, 132, m=1)
+    assert S.columns_per_split(9728, down) == 2432
+    whole = dataclasses.replace(down, rows=0, tma=True)
+    assert S.columns_per_split(9728, whole) % whole.block_k == 0
+    monkeypatch.setattr(S, "_SPLIT_UNIT", 16)
+    x = torch.randn(3, 96, device=device)
+    w = torch.randn(40, 96, device=device)
+    cfg = K.SkinnyConfig(block_n=16, block_k=32, split_k=2, pre_tiles=2)
+    assert S.columns_per_split(96, cfg) == 48             # tiles [32, 64) and [80, 112) straddle
+    parts = K.skinny_linear(x, w, cfg=cfg)
+    torch.testing.assert_close(parts[0], F.linear(x[:, :48], w[:, :48]), **_tol(x.dtype))
+    torch.testing.assert_close(parts[1], F.linear(x[:, 48:], w[:, 48:]), **_tol(x.dtype))
 
 
 @pytest.mark.parametrize("gated,m,n,k,split,pre", [

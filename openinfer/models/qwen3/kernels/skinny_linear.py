@@ -92,7 +92,8 @@ BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 
 # plain loads.
 TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copies (Hopper)")
 # K is split in units of this many columns whatever the tile width, so a tile knob changes
-# the tile alone (at 256, smaller models would otherwise take half the splits at batch 1).
+# the tile alone: the number of splits (at 256, smaller models would otherwise take half
+# the splits at batch 1) and where they end (``columns_per_split``).
 _SPLIT_UNIT = 128
 
 
@@ -296,11 +297,22 @@ def balanced_rows(n: int, block_n: int, split: int, sms: int) -> int:
     return next(r for r in candidates if busiest(r) <= 1.03 * least)
 
 
+def columns_per_split(k: int, cfg: SkinnyConfig) -> int:
+    """K columns of each split but the last (which takes the rest), in ``_SPLIT_UNIT``
+    steps, not whole tiles: a 4B's down_proj (K = 9,728, 4 splits) in 256-wide tiles would
+    otherwise give three splits 2,560 columns and the last 2,048, and the SMs holding the
+    long ones would set the kernel's time (5% over the even 2,432). A split's last tile
+    may then be partial, which the loads mask; TMA boxes cannot mask, so they keep whole
+    tiles."""
+    unit = cfg.block_k if cfg.tma else min(cfg.block_k, _SPLIT_UNIT)
+    return triton.cdiv(triton.cdiv(k, cfg.split_k), unit) * unit
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
             cfg: SkinnyConfig) -> None:
     M, K = x.shape
     assert M <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
-    per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
+    per_split = columns_per_split(K, cfg)
     rows = cfg.rows_per_program
     grid = (triton.cdiv(n, rows), cfg.split_k)
     w_desc = w
