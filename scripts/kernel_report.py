@@ -91,6 +91,7 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
                   s_ym=n)
     constants = dict(GATED=gated, ROUND=not split, BLOCK_M=S.MAX_ROWS, BLOCK_N=cfg.block_n,
                      ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
+                     PRE_LAST=cfg.pre_last,
                      DOT_PREC=dot_precision(torch.bfloat16), UPCAST=False, TMA=cfg.tma,
                      PDL=True)
     if rows == 1:                   # the JIT makes an int argument equal to 1 a constant

@@ -313,6 +313,24 @@ def test_block_k_knobs_move_the_plain_gemms_of_their_batches(monkeypatch, block_
     assert S.default_config(151936, 2560, False, False, 132, m=m).block_k == 256
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("m,k,split,pre", [(1, 96, 1, 3), (5, 96, 3, 2), (2, 40, 1, 4),
+                                           (3, 200, 2, 3)])
+def test_pre_wait_tiles_multiplied_after_the_loop(device, gated, m, k, split, pre):
+    """OPENINFER_SKINNY_PRE_LAST: the tiles read before the wait are multiplied after the
+    loop; the product is the same up to summation order, with K ranges shorter than the
+    pre-wait tiles, ranges the loop covers, several splits and the gated form."""
+    x = torch.randn(m, k, device=device)
+    w = torch.randn(2 * 24 if gated else 40, k, device=device)
+    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=1 if gated else split, pre_tiles=pre,
+                         pre_last=True)
+    if gated:
+        got, want = K.skinny_gated(x, w, cfg=cfg), R.silu_mul(F.linear(x, w))
+    else:
+        got, want = R.merge_parts(K.skinny_linear(x, w, cfg=cfg), x.dtype), F.linear(x, w)
+    torch.testing.assert_close(got, want, **_tol(x.dtype))
+
+
 def test_splits_are_even_in_columns_not_whole_tiles(device, monkeypatch):
     """K is split in _SPLIT_UNIT columns, so a tile wider than that may straddle a split's
     end: the loads mask it, and the parts still add up to the product. A 4B's down_proj at

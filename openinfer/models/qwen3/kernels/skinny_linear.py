@@ -91,6 +91,13 @@ BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 
 # whole tile (no balanced rows), and a weight whose rows are not 16-byte aligned keeps the
 # plain loads.
 TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copies (Hopper)")
+# Where the tiles read before the PDL wait are multiplied: 0 right after the wait (their x
+# read from L2 first), 1 after the loop, so that the first thing a program does once the
+# previous kernel is done is issue the loop's W copies and HBM is not left idle for an L2
+# round trip and the pre-wait products at every kernel boundary. The pre-wait tiles then
+# stay in registers through the loop. Not measured on a GPU yet.
+PRE_LAST = env_choice("OPENINFER_SKINNY_PRE_LAST", 0, (0, 1),
+                      "1: multiply the pre-wait W tiles after the loop")
 # K is split in units of this many columns whatever the tile width, so a tile knob changes
 # the tile alone: the number of splits (at 256, smaller models would otherwise take half
 # the splits at batch 1) and where they end (``columns_per_split``).
@@ -133,11 +140,30 @@ def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.cons
 
 
 @triton.jit
+def _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1, u1, w2, u2, w3, u3,
+                   PRE: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """The products of the ``PRE`` tiles read before the wait, in K order."""
+    acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, GATED,
+                            DOT_PREC, UPCAST)
+    if PRE >= 2:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + BLOCK_K, k_hi, m_mask, w1, u1,
+                                GATED, DOT_PREC, UPCAST)
+    if PRE >= 3:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 2 * BLOCK_K, k_hi, m_mask, w2,
+                                u2, GATED, DOT_PREC, UPCAST)
+    if PRE >= 4:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 3 * BLOCK_K, k_hi, m_mask, w3,
+                                u3, GATED, DOT_PREC, UPCAST)
+    return acc, acc_up
+
+
+@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PRE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                   TMA: tl.constexpr, PDL: tl.constexpr):
+                   PRE: tl.constexpr, PRE_LAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                   UPCAST: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -156,6 +182,7 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     # the loop's so that no tile becomes a loop-carried value.)
     offs_k0 = k_lo + tl.arange(0, BLOCK_K)
     w0, u0 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo, k_hi, n_mask, BLOCK_K, GATED, TMA)
+    w1, u1, w2, u2, w3, u3 = w0, u0, w0, u0, w0, u0      # stand-ins, never multiplied
     if PRE >= 2:
         w1, u1 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo + BLOCK_K, k_hi, n_mask,
                          BLOCK_K, GATED, TMA)
@@ -168,17 +195,9 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     pdl_wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, GATED,
-                            DOT_PREC, UPCAST)
-    if PRE >= 2:
-        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + BLOCK_K, k_hi, m_mask, w1, u1,
-                                GATED, DOT_PREC, UPCAST)
-    if PRE >= 3:
-        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 2 * BLOCK_K, k_hi, m_mask, w2,
-                                u2, GATED, DOT_PREC, UPCAST)
-    if PRE >= 4:
-        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 3 * BLOCK_K, k_hi, m_mask, w3,
-                                u3, GATED, DOT_PREC, UPCAST)
+    if not PRE_LAST:
+        acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1,
+                                     u1, w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
     for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
@@ -189,6 +208,9 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
         acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
         if GATED:
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
+    if PRE_LAST:
+        acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1,
+                                     u1, w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
     dt = w_ptr.dtype.element_ty
     if GATED:
         gate = acc.to(dt).to(tl.float32)
@@ -214,6 +236,7 @@ class SkinnyConfig:
     pre_tiles: int = 1    # W tiles each program reads before waiting on the previous kernel
     rows: int = 0         # output rows a program owns (<= block_n; 0: block_n)
     tma: bool = False     # W tiles by TMA bulk copies (a Hopper GPU, or the interpreter)
+    pre_last: bool = False  # multiply the pre-wait tiles after the loop, not before it
 
     def __post_init__(self) -> None:
         require(1 <= self.pre_tiles <= MAX_PRE_TILES, "pre_tiles", self.pre_tiles,
@@ -272,7 +295,7 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int, *, m:
                         num_stages=STAGES_GATED if gated else STAGES,
                         pre_tiles=PRE_TILES_GATED if gated else PRE_TILES,
                         rows=balanced_rows(n, block_n, split, sms) if BALANCE and not tma else 0,
-                        tma=tma)
+                        tma=tma, pre_last=bool(PRE_LAST))
 
 
 def launch_config(x: torch.Tensor, w: torch.Tensor, gated: bool, may_split: bool) -> SkinnyConfig:
@@ -323,7 +346,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
     _skinny_kernel[grid](x, w, w_desc, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
                          y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
                          BLOCK_N=cfg.block_n, ROWS=rows, BLOCK_K=cfg.block_k,
-                         PRE=cfg.pre_tiles, DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
+                         PRE=cfg.pre_tiles, PRE_LAST=cfg.pre_last, DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
                          TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          **pdl_args(x.device))
 
