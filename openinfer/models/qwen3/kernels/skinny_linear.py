@@ -346,8 +346,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
     _skinny_kernel[grid](x, w, w_desc, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
                          y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
                          BLOCK_N=cfg.block_n, ROWS=rows, BLOCK_K=cfg.block_k,
-                         PRE=cfg.pre_tiles, PRE_LAST=cfg.pre_last, DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET,
-                         TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         PRE=cfg.pre_tiles, PRE_LAST=cfg.pre_last,
+                         DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET, TMA=cfg.tma,
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                          **pdl_args(x.device))
 
 
