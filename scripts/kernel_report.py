@@ -6,7 +6,8 @@ Device time is scarce and a GPU run says how fast, not why. This compiles the sk
 decode GEMM (``kernels/skinny_linear.py``) for every projection of a model size, with the
 launch that ``default_config`` picks under the current ``OPENINFER_SKINNY_*`` knobs, for
 ``sm_<arch>`` with Triton's own compiler and ptxas, and prints per launch: registers a
-thread, shared memory a program, how many programs fit an SM by each, and the memory
+thread, shared memory a program, how many programs fit an SM by each, how many loads and
+MMAs come between the PDL wait and the first weight copy after it, and the memory
 instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies, plain vector
 loads taken into registers before the PDL wait). A launch that spills, or whose W tiles
 stop being asynchronous copies, shows here before any GPU call.
@@ -46,6 +47,7 @@ class LaunchReport:
     spill_bytes: int
     shared_bytes: int
     ops: dict[str, int]
+    before_copy: int      # loads and MMAs between the PDL wait and the first W copy after it
 
     @property
     def programs_per_sm(self) -> int:
@@ -109,10 +111,20 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
                                          launch_pdl=True))
     ptx = kernel.asm["ptx"]
     registers, spill = _ptxas_usage(ptx, arch)
-    ops = dict(sorted(collections.Counter(m.group(1) for m in PTX_OPS.finditer(ptx)).items()))
+    sequence = [m.group(1) for m in PTX_OPS.finditer(ptx)]
+    ops = dict(sorted(collections.Counter(sequence).items()))
     grid = (triton.cdiv(n, cfg.rows_per_program), cfg.split_k)
     return LaunchReport(name, grid, 32 * cfg.num_warps, registers, spill,
-                        kernel.metadata.shared, ops)
+                        kernel.metadata.shared, ops, ops_before_first_copy(sequence))
+
+
+def ops_before_first_copy(sequence: list[str]) -> int:
+    """Instructions a program issues after ``griddepcontrol.wait`` before its first W copy
+    (``cp.async`` or a TMA bulk copy), in PTX order: until that copy, HBM has nothing of
+    this program's in flight, so each is latency at the kernel boundary."""
+    after = sequence[sequence.index("griddepcontrol.wait") + 1:]
+    copies = [i for i, op in enumerate(after) if op.startswith("cp.async")]
+    return copies[0] if copies else len(after)
 
 
 def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:
@@ -142,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     from openinfer.models.qwen3.kernels._tuning import knobs_set
     knobs = knobs_set("OPENINFER_SKINNY")
     print(f"skinny GEMM, {a.size}, batch {a.rows}, sm_{a.arch}; knobs: {knobs or 'defaults'}")
-    print(f"{'launch':8} {'grid':>10} {'regs':>5} {'spill':>5} {'smem KB':>8} {'fit/SM':>6}  ops")
+    print(f"{'launch':8} {'grid':>10} {'regs':>5} {'spill':>5} {'smem KB':>8} {'fit/SM':>6} "
+          f"{'wait>copy':>9}  ops")
     for name, (n, k, gated, may_split) in projections(a.size).items():
         r = compile_launch(name, n, k, gated, may_split, a.rows, a.arch)
         grid = f"{r.grid[0]}x{r.grid[1]}"
         print(f"{name:8} {grid:>10} {r.registers:>5} {r.spill_bytes:>5} "
-              f"{r.shared_bytes / 1024:>8.1f} {r.programs_per_sm:>6}  {r.ops}")
+              f"{r.shared_bytes / 1024:>8.1f} {r.programs_per_sm:>6} {r.before_copy:>9}  {r.ops}")
     return 0
 
 

@@ -26,10 +26,11 @@ def _report(*args: str, size: str = "tiny", **knobs: str) -> dict[str, dict]:
     assert out.returncode == 0, out.stderr
     rows = {}
     for line in out.stdout.splitlines():
-        m = re.match(r"(\w+)\s+(\d+)x(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\{.*\})$", line)
+        m = re.match(r"(\w+)\s+(\d+)x(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)"
+                     r"\s+(\{.*\})$", line)
         if m:
             rows[m[1]] = dict(registers=int(m[4]), spill=int(m[5]), shared_kb=float(m[6]),
-                              fit=int(m[7]), ops=ast.literal_eval(m[8]))
+                              fit=int(m[7]), before_copy=int(m[8]), ops=ast.literal_eval(m[9]))
     return rows
 
 
@@ -53,6 +54,19 @@ def test_the_tma_knob_turns_weight_tiles_into_bulk_copies():
     for name in LAUNCHES:
         assert "cp.async.bulk.tensor" not in plain[name]["ops"]
         assert tma[name]["ops"].get("cp.async.bulk.tensor", 0) > 0, name
+
+
+def test_pre_last_issues_the_weight_copies_right_after_the_wait():
+    """By default a program reads x and multiplies its pre-wait tiles before the loop's
+    first W copy; OPENINFER_SKINNY_PRE_LAST=1 moves those products after the loop, so the
+    copies come first. A 4B's LM head (64-row tiles) keeps the default order (it would
+    spill)."""
+    plain = _report("--rows", "1", size="4b")
+    last = _report("--rows", "1", size="4b", OPENINFER_SKINNY_PRE_LAST="1")
+    for name in LAUNCHES:
+        assert plain[name]["before_copy"] > 0, name
+        assert last[name]["before_copy"] == (plain[name]["before_copy"] if name == "lm_head"
+                                             else 0), name
 
 
 def test_a_batch_the_gemm_cannot_take_is_refused():
