@@ -7,7 +7,7 @@ decode GEMM (``kernels/skinny_linear.py``) for every projection of a model size,
 launch that ``default_config`` picks under the current ``OPENINFER_SKINNY_*`` knobs, for
 ``sm_<arch>`` with Triton's own compiler and ptxas, and prints per launch: registers a
 thread, shared memory a program, how many programs fit an SM by each, how many loads and
-MMAs come between the PDL wait and the first weight copy after it, and the memory
+MMAs come between the PDL wait and the first asynchronous copy after it, and the memory
 instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies, plain vector
 loads taken into registers before the PDL wait). A launch that spills, or whose W tiles
 stop being asynchronous copies, shows here before any GPU call.
@@ -47,7 +47,7 @@ class LaunchReport:
     spill_bytes: int
     shared_bytes: int
     ops: dict[str, int]
-    before_copy: int      # loads and MMAs between the PDL wait and the first W copy after it
+    before_copy: int      # loads and MMAs between the PDL wait and the first async copy
 
     @property
     def programs_per_sm(self) -> int:
@@ -119,9 +119,10 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
 
 
 def ops_before_first_copy(sequence: list[str]) -> int:
-    """Instructions a program issues after ``griddepcontrol.wait`` before its first W copy
-    (``cp.async`` or a TMA bulk copy), in PTX order: until that copy, HBM has nothing of
-    this program's in flight, so each is latency at the kernel boundary."""
+    """Loads and MMAs a program issues after ``griddepcontrol.wait`` before its first
+    asynchronous copy (the loop's x or W tiles, ``cp.async`` or a TMA bulk copy), in PTX
+    order: until then HBM has nothing new of this program's in flight, so each is latency
+    at the kernel boundary."""
     after = sequence[sequence.index("griddepcontrol.wait") + 1:]
     copies = [i for i, op in enumerate(after) if op.startswith("cp.async")]
     return copies[0] if copies else len(after)

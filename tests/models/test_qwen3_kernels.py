@@ -331,41 +331,49 @@ def test_pre_wait_tiles_multiplied_after_the_loop(device, gated, m, k, split, pr
     torch.testing.assert_close(got, want, **_tol(x.dtype))
 
 
-def test_splits_are_even_in_columns_not_whole_tiles(device, monkeypatch):
+@pytest.mark.parametrize("pre,pre_last", [(1, False), (3, False), (1, True), (3, True)])
+def test_splits_are_even_in_columns_not_whole_tiles(device, monkeypatch, pre, pre_last):
     """K is split in _SPLIT_UNIT columns, so a tile wider than that may straddle a split's
-    end: the loads mask it, and the parts still add up to the product. A 4B's down_proj at
-    batch 1 (256-wide tiles, 4 splits of its 9,728 columns) gets 2,432 columns a split
-    where whole tiles gave 2,560 to three splits and 2,048 to the last."""
+    end: the loads mask it, W as well as x (a NaN in the next split's columns does not
+    reach this split's part), and the parts add up to the product, whether the straddling
+    tile is the loop's (pre 1) or read before the wait (pre 3). A 4B's down_proj at batch 1
+    (256-wide tiles, 4 splits of its 9,728 columns) gets 2,432 columns a split where whole
+    tiles gave 2,560 to three splits and 2,048 to the last; TMA boxes keep whole tiles."""
     down = S.default_config(2560, 9728, False, True, 132, m=1)
     assert S.columns_per_split(9728, down) == 2432
     whole = dataclasses.replace(down, rows=0, tma=True)
     assert S.columns_per_split(9728, whole) % whole.block_k == 0
     monkeypatch.setattr(S, "_SPLIT_UNIT", 16)
-    x = torch.randn(3, 96, device=device)
-    w = torch.randn(40, 96, device=device)
-    cfg = K.SkinnyConfig(block_n=16, block_k=32, split_k=2, pre_tiles=2)
-    assert S.columns_per_split(96, cfg) == 48             # tiles [32, 64) and [80, 112) straddle
+    x = torch.randn(3, 160, device=device)
+    w = torch.randn(40, 160, device=device)
+    cfg = K.SkinnyConfig(block_n=16, block_k=32, split_k=2, pre_tiles=pre, pre_last=pre_last)
+    assert S.columns_per_split(160, cfg) == 80          # split 0's tile [64, 96) straddles
     parts = K.skinny_linear(x, w, cfg=cfg)
-    torch.testing.assert_close(parts[0], F.linear(x[:, :48], w[:, :48]), **_tol(x.dtype))
-    torch.testing.assert_close(parts[1], F.linear(x[:, 48:], w[:, 48:]), **_tol(x.dtype))
+    torch.testing.assert_close(parts[0], F.linear(x[:, :80], w[:, :80]), **_tol(x.dtype))
+    torch.testing.assert_close(parts[1], F.linear(x[:, 80:], w[:, 80:]), **_tol(x.dtype))
+    w[:, 80:] = float("nan")
+    assert torch.equal(K.skinny_linear(x, w, cfg=cfg)[0], parts[0])
 
 
 @pytest.mark.parametrize("gated,m,n,k,split,pre", [
     (False, 1, 50, 96, 1, 1), (False, 5, 64, 96, 3, 3), (False, 2, 40, 16, 1, 2),
     (True, 1, 24, 40, 1, 1), (True, 7, 24, 48, 1, 4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, gated, m, n, k, split, pre):
+@pytest.mark.parametrize("pre_last", [False, True])
+def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, pre_last, gated, m, n, k,
+                                                      split, pre):
     """OPENINFER_SKINNY_TMA: W read as whole TMA boxes (rows and columns past the matrix
     zero-filled, a pre-wait tile past a split's K range met by zeros of x) sums the same
     products in the same order as the masked loads: equal bit for bit. Partial row and K
     tiles, several splits, pre-wait tiles beyond a K range, and the gated form's gate box
-    reaching into the up rows of a partial last tile."""
+    reaching into the up rows of a partial last tile; with the pre-wait tiles multiplied
+    first or last (OPENINFER_SKINNY_PRE_LAST)."""
     if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
         pytest.skip("TMA needs a Hopper GPU")
     x = torch.randn(m, k, device=device).to(dtype)
     w = torch.randn(2 * n if gated else n, k, device=device).to(dtype)
-    cfgs = [K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre, tma=tma)
-            for tma in (False, True)]
+    cfgs = [K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre, tma=tma,
+                           pre_last=pre_last) for tma in (False, True)]
     if gated:
         plain, boxed = (K.skinny_gated(x, w, cfg=c) for c in cfgs)
     else:
@@ -373,17 +381,20 @@ def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, gated, m, n
     assert torch.equal(boxed, plain)
 
 
-def test_a_tma_tile_past_a_short_split_reads_nothing(device):
+@pytest.mark.parametrize("pre_last", [False, True])
+def test_a_tma_tile_past_a_short_split_reads_nothing(device, pre_last):
     """With more pre-wait tiles than a split's K range holds, the extra TMA boxes are moved
     past the matrix, not onto the next split's columns: a NaN there (or any value) cannot
-    reach this split's part, which equals the masked loads' bit for bit."""
+    reach this split's part, which equals the masked loads' bit for bit, whenever the
+    pre-wait tiles are multiplied."""
     if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
         pytest.skip("TMA needs a Hopper GPU")
     x = torch.randn(1, 64, device=device)
     w = torch.randn(16, 64, device=device)
     w[:, 16:] = float("nan")                       # every column after split 0's one tile
     parts = [K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, split_k=4,
-                                                      pre_tiles=3, tma=tma))
+                                                      pre_tiles=3, tma=tma,
+                                                      pre_last=pre_last))
              for tma in (False, True)]
     assert torch.isfinite(parts[1][0]).all()
     assert torch.equal(parts[1][0], parts[0][0])

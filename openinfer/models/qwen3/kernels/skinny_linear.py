@@ -76,7 +76,8 @@ STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
 # 1.5-1.6% faster and bs8 4.8-6.5% slower (results/gpu/dec07_variants_h100/); 256 at batch 1
 # alone, in a second call, bs1 -1.8% (1k) / -1.5% (4k) with every larger batch within 0.12%
 # (results/gpu/dec07_block_k_one_row_h100/), each against the same call's 128. The H200 is
-# not yet measured. The tile does not change how K is split (``_SPLIT_UNIT``).
+# not yet measured. The tile changes neither how many splits K gets nor where they end
+# (``_SPLIT_UNIT``).
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs, batches of 2 or more rows")
 BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 256),
@@ -87,21 +88,25 @@ BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 
 # bytes, cap what an SM has in flight (4 stages instead of 3 raised the bytes by half and
 # gained nothing there, results/gpu/dec06_h200/). On an H100 it was 1.1-1.2% slower at bs1
 # than the same whole-tile launch without it (results/gpu/dec07_variants_h100/), so it is
-# off; the H200 is not measured. A TMA box is a power-of-two tile, so a program owns its
-# whole tile (no balanced rows), and a weight whose rows are not 16-byte aligned keeps the
-# plain loads.
+# off; the H200 is not measured. A TMA box is a power-of-two tile and cannot be masked, so
+# a program owns its whole tile (no balanced rows) and a split whole tiles (a 4B's batch-1
+# down_proj: 2,560 columns a split but 2,048 for the last), and a weight whose rows are not
+# 16-byte aligned keeps the plain loads.
 TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copies (Hopper)")
 # Where the tiles read before the PDL wait are multiplied: 0 right after the wait (their x
 # read from L2 first), 1 after the loop, so that the first thing a program does once the
-# previous kernel is done is issue the loop's W copies and HBM is not left idle for an L2
-# round trip and the pre-wait products at every kernel boundary (scripts/kernel_report.py's
-# wait>copy column: 60 loads and MMAs in a 4B's batch-1 plain GEMMs, 0 with the knob). The
-# pre-wait tiles then stay in registers through the loop. Not measured on a GPU yet.
+# previous kernel is done is issue the loop's first copies (x and W) and HBM is not left
+# idle for an L2 round trip and the pre-wait products at every kernel boundary
+# (scripts/kernel_report.py's wait>copy column: 60 loads and MMAs in a 4B's batch-1 plain
+# GEMMs, 0 with the knob). The pre-wait tiles then stay in registers through the loop: at
+# batch 1 qkv takes 166 registers (152), gate/up 96 (80), o_proj/down 168 as before; with
+# TMA as well, 195 (128), two programs an SM, so the two are not for use together. The LM
+# head keeps the default order (it would spill). Not measured on a GPU yet.
 PRE_LAST = env_choice("OPENINFER_SKINNY_PRE_LAST", 0, (0, 1),
                       "1: multiply the pre-wait W tiles after the loop")
 # K is split in units of this many columns whatever the tile width, so a tile knob changes
-# the tile alone: the number of splits (at 256, smaller models would otherwise take half
-# the splits at batch 1) and where they end (``columns_per_split``).
+# the tile alone, not how many splits K gets (at 256, smaller models would otherwise take
+# half the splits at batch 1) nor where they end (``columns_per_split``).
 _SPLIT_UNIT = 128
 
 
@@ -322,12 +327,13 @@ def balanced_rows(n: int, block_n: int, split: int, sms: int) -> int:
 
 
 def columns_per_split(k: int, cfg: SkinnyConfig) -> int:
-    """K columns of each split but the last (which takes the rest), in ``_SPLIT_UNIT``
-    steps, not whole tiles: a 4B's down_proj (K = 9,728, 4 splits) in 256-wide tiles would
-    otherwise give three splits 2,560 columns and the last 2,048, and the SMs holding the
-    long ones would set the kernel's time (5% over the even 2,432). A split's last tile
-    may then be partial, which the loads mask; TMA boxes cannot mask, so they keep whole
-    tiles."""
+    """K columns of each split but the last (which takes the rest), in steps of
+    ``_SPLIT_UNIT`` (or of the tile, if narrower), not of whole tiles: a 4B's down_proj
+    (K = 9,728, 4 splits) in 256-wide tiles would otherwise give three splits 2,560 columns
+    and the last 2,048, and the SMs holding the long ones would set the kernel's time (5%
+    over the even 2,432); a 0.6B's (K = 3,072, 8 splits) six splits of 512 and two empty
+    ones, where each now gets 384. A split's last tile may then be partial, which the loads
+    mask; TMA boxes cannot mask, so they keep whole tiles."""
     unit = cfg.block_k if cfg.tma else min(cfg.block_k, _SPLIT_UNIT)
     return triton.cdiv(triton.cdiv(k, cfg.split_k), unit) * unit
 
