@@ -76,8 +76,8 @@ STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
 # 1.5-1.6% faster and bs8 4.8-6.5% slower (results/gpu/dec07_variants_h100/); 256 at batch 1
 # alone, in a second call, bs1 -1.8% (1k) / -1.5% (4k) with every larger batch within 0.12%
 # (results/gpu/dec07_block_k_one_row_h100/), each against the same call's 128. The H200 is
-# not yet measured. The tile changes neither how many splits K gets nor where they end
-# (``_SPLIT_UNIT``).
+# not yet measured. The tile does not change how many splits K gets, nor, with plain loads
+# and a tile of 128 or more, where they end (``columns_per_split``).
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs, batches of 2 or more rows")
 BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 256),
