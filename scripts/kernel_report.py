@@ -78,7 +78,6 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     import torch
 
     from openinfer.models.qwen3.kernels import skinny_linear as _  # noqa: F401
-    from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
     S = sys.modules["openinfer.models.qwen3.kernels.skinny_linear"]
     cfg = S.default_config(n, k, gated, may_split, sms, m=rows, tma=bool(S.TMA))
     fn = S._skinny_kernel
@@ -91,11 +90,7 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     per_split = S.columns_per_split(k, cfg)
     values = dict(M=rows, N=n, K=k, k_per_split=per_split, s_xm=k, s_wn=k, s_ys=rows * n,
                   s_ym=n)
-    constants = dict(GATED=gated, ROUND=not split, BLOCK_M=S.MAX_ROWS, BLOCK_N=cfg.block_n,
-                     ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
-                     PRE_LAST=cfg.pre_last,
-                     DOT_PREC=dot_precision(torch.bfloat16), UPCAST=False, TMA=cfg.tma,
-                     PDL=True)
+    constants = dict(S.kernel_constants(cfg, gated, torch.bfloat16), PDL=True)
     if rows == 1:                   # the JIT makes an int argument equal to 1 a constant
         signature["M"] = "constexpr"
         constants["M"] = 1
@@ -113,8 +108,7 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     registers, spill = _ptxas_usage(ptx, arch)
     sequence = [m.group(1) for m in PTX_OPS.finditer(ptx)]
     ops = dict(sorted(collections.Counter(sequence).items()))
-    grid = (triton.cdiv(n, cfg.rows_per_program), cfg.split_k)
-    return LaunchReport(name, grid, 32 * cfg.num_warps, registers, spill,
+    return LaunchReport(name, cfg.grid(n), 32 * cfg.num_warps, registers, spill,
                         kernel.metadata.shared, ops, ops_before_first_copy(sequence))
 
 

@@ -204,6 +204,8 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     if not PRE_LAST:
         acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1,
                                      u1, w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
+    # The loop loads x before W, which ``_mma_tile`` after ``_w_tile`` would not: that order
+    # compiles differently (a 4B's batch-1 gate/up GEMM: 92 registers instead of 80).
     for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
@@ -255,6 +257,10 @@ class SkinnyConfig:
     @property
     def rows_per_program(self) -> int:
         return self.rows or self.block_n
+
+    def grid(self, n: int) -> tuple[int, int]:
+        """Programs along the ``n`` output rows, and K splits."""
+        return triton.cdiv(n, self.rows_per_program), self.split_k
 
 
 @lru_cache(maxsize=None)
@@ -338,25 +344,30 @@ def columns_per_split(k: int, cfg: SkinnyConfig) -> int:
     return triton.cdiv(triton.cdiv(k, cfg.split_k), unit) * unit
 
 
+def kernel_constants(cfg: SkinnyConfig, gated: bool, dtype: torch.dtype) -> dict:
+    """The kernel's compile-time arguments for ``cfg`` and a weight of ``dtype`` (all but
+    ``PDL``): one list for the launch and for ``scripts/kernel_report.py``'s compile, so
+    that the report compiles what a launch runs."""
+    return dict(GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
+                ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
+                PRE_LAST=cfg.pre_last, DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET,
+                TMA=cfg.tma)
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
             cfg: SkinnyConfig) -> None:
     M, K = x.shape
     assert M <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
     per_split = columns_per_split(K, cfg)
-    rows = cfg.rows_per_program
-    grid = (triton.cdiv(n, rows), cfg.split_k)
     w_desc = w
     if cfg.tma:
         require(tma_fits(w), "tma", True, "false for this weight: TMA needs a Hopper GPU "
                 "(or the interpreter) and rows on 16-byte boundaries")
         w_desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg.block_n, cfg.block_k])
-    _skinny_kernel[grid](x, w, w_desc, y, M, n, K, per_split, x.stride(0), w.stride(0), y.stride(0),
-                         y.stride(1), GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS,
-                         BLOCK_N=cfg.block_n, ROWS=rows, BLOCK_K=cfg.block_k,
-                         PRE=cfg.pre_tiles, PRE_LAST=cfg.pre_last,
-                         DOT_PREC=dot_precision(w.dtype), UPCAST=INTERPRET, TMA=cfg.tma,
-                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                         **pdl_args(x.device))
+    _skinny_kernel[cfg.grid(n)](x, w, w_desc, y, M, n, K, per_split, x.stride(0), w.stride(0),
+                                y.stride(0), y.stride(1), **kernel_constants(cfg, gated, w.dtype),
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                **pdl_args(x.device))
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
