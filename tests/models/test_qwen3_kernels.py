@@ -355,6 +355,11 @@ def test_splits_are_even_in_columns_not_whole_tiles(device, monkeypatch, pre, pr
     assert torch.equal(K.skinny_linear(x, w, cfg=cfg)[0], parts[0])
 
 
+def _skip_without_tma(device: str) -> None:
+    if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
+        pytest.skip("TMA needs a Hopper GPU")
+
+
 @pytest.mark.parametrize("gated,m,n,k,split,pre", [
     (False, 1, 50, 96, 1, 1), (False, 5, 64, 96, 3, 3), (False, 2, 40, 16, 1, 2),
     (True, 1, 24, 40, 1, 1), (True, 7, 24, 48, 1, 4)])
@@ -368,8 +373,7 @@ def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, pre_last, g
     tiles, several splits, pre-wait tiles beyond a K range, and the gated form's gate box
     reaching into the up rows of a partial last tile; with the pre-wait tiles multiplied
     first or last (OPENINFER_SKINNY_PRE_LAST)."""
-    if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
-        pytest.skip("TMA needs a Hopper GPU")
+    _skip_without_tma(device)
     x = torch.randn(m, k, device=device).to(dtype)
     w = torch.randn(2 * n if gated else n, k, device=device).to(dtype)
     cfgs = [K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre, tma=tma,
@@ -387,8 +391,7 @@ def test_a_tma_tile_past_a_short_split_reads_nothing(device, pre_last):
     past the matrix, not onto the next split's columns: a NaN there (or any value) cannot
     reach this split's part, which equals the masked loads' bit for bit, whenever the
     pre-wait tiles are multiplied."""
-    if device == "cuda" and not S.tma_fits(torch.empty(16, 16, device=device)):
-        pytest.skip("TMA needs a Hopper GPU")
+    _skip_without_tma(device)
     x = torch.randn(1, 64, device=device)
     w = torch.randn(16, 64, device=device)
     w[:, 16:] = float("nan")                       # every column after split 0's one tile
