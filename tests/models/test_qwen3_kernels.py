@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 
 import pytest
 import torch
@@ -313,40 +314,24 @@ def test_block_k_knobs_move_the_plain_gemms_of_their_batches(monkeypatch, block_
     assert S.default_config(151936, 2560, False, False, 132, m=m).block_k == 256
 
 
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("m,k,split,pre", [(1, 96, 1, 3), (5, 96, 3, 2), (2, 40, 1, 4),
-                                           (3, 200, 2, 3)])
-def test_pre_wait_tiles_multiplied_after_the_loop(device, gated, m, k, split, pre):
-    """OPENINFER_SKINNY_PRE_LAST: the tiles read before the wait are multiplied after the
-    loop; the product is the same up to summation order, with K ranges shorter than the
-    pre-wait tiles, ranges the loop covers, several splits and the gated form."""
-    x = torch.randn(m, k, device=device)
-    w = torch.randn(2 * 24 if gated else 40, k, device=device)
-    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=1 if gated else split, pre_tiles=pre,
-                         pre_last=True)
-    if gated:
-        got, want = K.skinny_gated(x, w, cfg=cfg), R.silu_mul(F.linear(x, w))
-    else:
-        got, want = R.merge_parts(K.skinny_linear(x, w, cfg=cfg), x.dtype), F.linear(x, w)
-    torch.testing.assert_close(got, want, **_tol(x.dtype))
-
-
-@pytest.mark.parametrize("pre,pre_last", [(1, False), (3, False), (1, True), (3, True)])
-def test_splits_are_even_in_columns_not_whole_tiles(device, monkeypatch, pre, pre_last):
-    """K is split in _SPLIT_UNIT columns, so a tile wider than that may straddle a split's
-    end: the loads mask it, W as well as x (a NaN in the next split's columns does not
-    reach this split's part), and the parts add up to the product, whether the straddling
-    tile is the loop's (pre 1) or read before the wait (pre 3). A 4B's down_proj at batch 1
-    (256-wide tiles, 4 splits of its 9,728 columns) gets 2,432 columns a split where whole
-    tiles gave 2,560 to three splits and 2,048 to the last; TMA boxes keep whole tiles."""
+@pytest.mark.parametrize("pre", [1, 3])
+def test_even_splits_mask_a_tile_that_straddles_a_split_end(device, monkeypatch, pre):
+    """Splits are whole tiles by default; OPENINFER_SKINNY_EVEN_SPLITS cuts K in
+    _SPLIT_UNIT columns instead, so a tile wider than that may straddle a split's end: the
+    loads mask it, W as well as x (a NaN in the next split's columns does not reach this
+    split's part), and the parts add up to the product, whether the straddling tile is the
+    loop's (pre 1) or read before the wait (pre 3). A 4B's down_proj at batch 1 (256-wide
+    tiles, 4 splits of its 9,728 columns): 2,560 columns a split (the last 2,048) in whole
+    tiles, 2,432 even; TMA boxes cannot take even splits."""
     down = S.default_config(2560, 9728, False, True, 132, m=1)
-    assert S.columns_per_split(9728, down) == 2432
-    whole = dataclasses.replace(down, rows=0, tma=True)
-    assert S.columns_per_split(9728, whole) % whole.block_k == 0
+    assert not down.even_splits and S.columns_per_split(9728, down) == 2560
+    assert S.columns_per_split(9728, dataclasses.replace(down, even_splits=True)) == 2432
+    with pytest.raises(ConfigError, match="even_splits"):
+        dataclasses.replace(down, rows=0, tma=True, even_splits=True)
     monkeypatch.setattr(S, "_SPLIT_UNIT", 16)
     x = torch.randn(3, 160, device=device)
     w = torch.randn(40, 160, device=device)
-    cfg = K.SkinnyConfig(block_n=16, block_k=32, split_k=2, pre_tiles=pre, pre_last=pre_last)
+    cfg = K.SkinnyConfig(block_n=16, block_k=32, split_k=2, pre_tiles=pre, even_splits=True)
     assert S.columns_per_split(160, cfg) == 80          # split 0's tile [64, 96) straddles
     parts = K.skinny_linear(x, w, cfg=cfg)
     torch.testing.assert_close(parts[0], F.linear(x[:, :80], w[:, :80]), **_tol(x.dtype))
@@ -364,20 +349,17 @@ def _skip_without_tma(device: str) -> None:
     (False, 1, 50, 96, 1, 1), (False, 5, 64, 96, 3, 3), (False, 2, 40, 16, 1, 2),
     (True, 1, 24, 40, 1, 1), (True, 7, 24, 48, 1, 4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("pre_last", [False, True])
-def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, pre_last, gated, m, n, k,
-                                                      split, pre):
+def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, gated, m, n, k, split, pre):
     """OPENINFER_SKINNY_TMA: W read as whole TMA boxes (rows and columns past the matrix
     zero-filled, a pre-wait tile past a split's K range met by zeros of x) sums the same
     products in the same order as the masked loads: equal bit for bit. Partial row and K
     tiles, several splits, pre-wait tiles beyond a K range, and the gated form's gate box
-    reaching into the up rows of a partial last tile; with the pre-wait tiles multiplied
-    first or last (OPENINFER_SKINNY_PRE_LAST)."""
+    reaching into the up rows of a partial last tile."""
     _skip_without_tma(device)
     x = torch.randn(m, k, device=device).to(dtype)
     w = torch.randn(2 * n if gated else n, k, device=device).to(dtype)
-    cfgs = [K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre, tma=tma,
-                           pre_last=pre_last) for tma in (False, True)]
+    cfgs = [K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=pre, tma=tma)
+            for tma in (False, True)]
     if gated:
         plain, boxed = (K.skinny_gated(x, w, cfg=c) for c in cfgs)
     else:
@@ -385,19 +367,16 @@ def test_skinny_tma_tiles_give_the_plain_loads_result(device, dtype, pre_last, g
     assert torch.equal(boxed, plain)
 
 
-@pytest.mark.parametrize("pre_last", [False, True])
-def test_a_tma_tile_past_a_short_split_reads_nothing(device, pre_last):
+def test_a_tma_tile_past_a_short_split_reads_nothing(device):
     """With more pre-wait tiles than a split's K range holds, the extra TMA boxes are moved
     past the matrix, not onto the next split's columns: a NaN there (or any value) cannot
-    reach this split's part, which equals the masked loads' bit for bit, whenever the
-    pre-wait tiles are multiplied."""
+    reach this split's part, which equals the masked loads' bit for bit."""
     _skip_without_tma(device)
     x = torch.randn(1, 64, device=device)
     w = torch.randn(16, 64, device=device)
     w[:, 16:] = float("nan")                       # every column after split 0's one tile
     parts = [K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, split_k=4,
-                                                      pre_tiles=3, tma=tma,
-                                                      pre_last=pre_last))
+                                                      pre_tiles=3, tma=tma))
              for tma in (False, True)]
     assert torch.isfinite(parts[1][0]).all()
     assert torch.equal(parts[1][0], parts[0][0])
@@ -487,6 +466,17 @@ def test_skinny_gated(device, dtype, m, pre):
 def test_skinny_pre_tiles_out_of_range_is_refused():
     with pytest.raises(ConfigError, match="pre_tiles"):
         K.SkinnyConfig(pre_tiles=0)
+
+
+def test_even_splits_with_tma_knobs_is_refused_at_import():
+    """Both knobs set is a start-up error naming the one to change, not a silent choice."""
+    import subprocess
+    import sys
+    env = dict(os.environ, OPENINFER_SKINNY_TMA="1", OPENINFER_SKINNY_EVEN_SPLITS="1")
+    out = subprocess.run([sys.executable, "-c", "import openinfer.models.qwen3.kernels"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "OPENINFER_SKINNY_EVEN_SPLITS" in out.stderr and "OPENINFER_SKINNY_TMA" in out.stderr
 
 
 @pytest.mark.parametrize("splits", [1, 4])

@@ -76,8 +76,7 @@ STAGES_GATED = env_choice("OPENINFER_SKINNY_STAGES_GATED", 4, (2, 3, 4, 5),
 # 1.5-1.6% faster and bs8 4.8-6.5% slower (results/gpu/dec07_variants_h100/); 256 at batch 1
 # alone, in a second call, bs1 -1.8% (1k) / -1.5% (4k) with every larger batch within 0.12%
 # (results/gpu/dec07_block_k_one_row_h100/), each against the same call's 128. The H200 is
-# not yet measured. The tile does not change how many splits K gets, nor, with plain loads
-# and a tile of 128 or more, where they end (``columns_per_split``).
+# not yet measured. The tile does not change how many splits K gets (``_SPLIT_UNIT``).
 BLOCK_K = env_choice("OPENINFER_SKINNY_BLOCK_K", 128, (64, 128, 256),
                      "K per W tile of the plain decode GEMMs, batches of 2 or more rows")
 BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 256),
@@ -89,24 +88,26 @@ BLOCK_K_ONE_ROW = env_choice("OPENINFER_SKINNY_BLOCK_K_ONE_ROW", 256, (64, 128, 
 # gained nothing there, results/gpu/dec06_h200/). On an H100 it was 1.1-1.2% slower at bs1
 # than the same whole-tile launch without it (results/gpu/dec07_variants_h100/), so it is
 # off; the H200 is not measured. A TMA box is a power-of-two tile and cannot be masked, so
-# a program owns its whole tile (no balanced rows) and a split whole tiles (a 4B's batch-1
-# down_proj: 2,560 columns a split but 2,048 for the last), and a weight whose rows are not
-# 16-byte aligned keeps the plain loads.
+# a program owns its whole tile (no balanced rows) and a split whole tiles (no
+# EVEN_SPLITS), and a weight whose rows are not 16-byte aligned keeps the plain loads.
 TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copies (Hopper)")
-# Where the tiles read before the PDL wait are multiplied: 0 right after the wait (their x
-# read from L2 first), 1 after the loop, so that the first thing a program does once the
-# previous kernel is done is issue the loop's first copies (x and W) and HBM is not left
-# idle for an L2 round trip and the pre-wait products at every kernel boundary
-# (scripts/kernel_report.py's wait>copy column: 60 loads and MMAs in a 4B's batch-1 plain
-# GEMMs, 0 with the knob). The pre-wait tiles then stay in registers through the loop: at
-# batch 1 qkv takes 166 registers (152), gate/up 96 (80), o_proj/down 168 as before; with
-# TMA as well, 195 (128), two programs an SM, so the two are not for use together. The LM
-# head keeps the default order (it would spill). Not measured on a GPU yet.
-PRE_LAST = env_choice("OPENINFER_SKINNY_PRE_LAST", 0, (0, 1),
-                      "1: multiply the pre-wait W tiles after the loop")
-# K is split in units of this many columns whatever the tile width, so a tile knob changes
-# the tile alone, not how many splits K gets (at 256, smaller models would otherwise take
-# half the splits at batch 1) nor where they end (``columns_per_split``).
+# K split in 128-column units instead of whole tiles, so that a split's columns are even
+# (a 4B's batch-1 down_proj, K = 9,728 in 4 splits of 256-wide tiles: 2,432 columns each
+# instead of 2,560 for three splits and 2,048 for the last; a 0.6B's, 8 splits: eight of
+# 384 instead of six of 512 and two empty ones). Slower on an H100 (2026-12-07,
+# results/gpu/dec07_splits_h100/): bs1 +0.7% at 1k and +0.8% at 4k against whole tiles in
+# the same call. The long splits' trip count is the same either way (ten tiles, the last
+# one half masked), and the short split's grows from eight to ten, so evening the bytes
+# gains nothing where a program's time is its trips. TMA boxes cannot be masked: not with
+# OPENINFER_SKINNY_TMA. The same call found multiplying the pre-wait tiles after the loop
+# (instead of right after the wait) 6% slower at bs1 (results/gpu/dec07_splits_h100/).
+EVEN_SPLITS = env_choice("OPENINFER_SKINNY_EVEN_SPLITS", 0, (0, 1),
+                         "1: split K in 128-column units, not whole tiles")
+require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
+        "0 with OPENINFER_SKINNY_TMA=1 (a TMA box cannot be masked, so splits are whole tiles)")
+# K is split in steps of this many columns whatever the tile width when choosing how many
+# splits K gets, so a tile knob changes the tile alone (at 256, smaller models would
+# otherwise take half the splits at batch 1); with EVEN_SPLITS also where they end.
 _SPLIT_UNIT = 128
 
 
@@ -168,7 +169,7 @@ def _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1, u1, w
 def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PRE: tl.constexpr, PRE_LAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                   PRE: tl.constexpr, DOT_PREC: tl.constexpr,
                    UPCAST: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -201,9 +202,8 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     pdl_wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if not PRE_LAST:
-        acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1,
-                                     u1, w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
+    acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1, u1,
+                                 w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
     # The loop loads x before W, which ``_mma_tile`` after ``_w_tile`` would not: that order
     # compiles differently (a 4B's batch-1 gate/up GEMM: 92 registers instead of 80).
     for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
@@ -216,9 +216,6 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
         acc += mma(x, tl.trans(w), DOT_PREC, UPCAST)
         if GATED:
             acc_up += mma(x, tl.trans(w_up), DOT_PREC, UPCAST)
-    if PRE_LAST:
-        acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1,
-                                     u1, w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
     dt = w_ptr.dtype.element_ty
     if GATED:
         gate = acc.to(dt).to(tl.float32)
@@ -244,7 +241,7 @@ class SkinnyConfig:
     pre_tiles: int = 1    # W tiles each program reads before waiting on the previous kernel
     rows: int = 0         # output rows a program owns (<= block_n; 0: block_n)
     tma: bool = False     # W tiles by TMA bulk copies (a Hopper GPU, or the interpreter)
-    pre_last: bool = False  # multiply the pre-wait tiles after the loop, not before it
+    even_splits: bool = False  # split K in _SPLIT_UNIT columns, not whole tiles
 
     def __post_init__(self) -> None:
         require(1 <= self.pre_tiles <= MAX_PRE_TILES, "pre_tiles", self.pre_tiles,
@@ -253,6 +250,8 @@ class SkinnyConfig:
                 f"0..block_n ({self.block_n}) output rows per program")
         require(not self.tma or self.rows in (0, self.block_n), "rows", self.rows,
                 f"0 with tma (a TMA box is the whole {self.block_n}-row tile)")
+        require(not (self.tma and self.even_splits), "even_splits", self.even_splits,
+                "False with tma (a TMA box cannot be masked, so a split is whole tiles)")
 
     @property
     def rows_per_program(self) -> int:
@@ -307,7 +306,7 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int, *, m:
                         num_stages=STAGES_GATED if gated else STAGES,
                         pre_tiles=PRE_TILES_GATED if gated else PRE_TILES,
                         rows=balanced_rows(n, block_n, split, sms) if BALANCE and not tma else 0,
-                        tma=tma, pre_last=bool(PRE_LAST))
+                        tma=tma, even_splits=bool(EVEN_SPLITS))
 
 
 def launch_config(x: torch.Tensor, w: torch.Tensor, gated: bool, may_split: bool) -> SkinnyConfig:
@@ -333,14 +332,10 @@ def balanced_rows(n: int, block_n: int, split: int, sms: int) -> int:
 
 
 def columns_per_split(k: int, cfg: SkinnyConfig) -> int:
-    """K columns of each split but the last (which takes the rest), in steps of
-    ``_SPLIT_UNIT`` (or of the tile, if narrower), not of whole tiles: a 4B's down_proj
-    (K = 9,728, 4 splits) in 256-wide tiles would otherwise give three splits 2,560 columns
-    and the last 2,048, and the SMs holding the long ones would set the kernel's time (5%
-    over the even 2,432); a 0.6B's (K = 3,072, 8 splits) six splits of 512 and two empty
-    ones, where each now gets 384. A split's last tile may then be partial, which the loads
-    mask; TMA boxes cannot mask, so they keep whole tiles."""
-    unit = cfg.block_k if cfg.tma else min(cfg.block_k, _SPLIT_UNIT)
+    """K columns of each split but the last (which takes the rest): whole tiles, or with
+    ``even_splits`` steps of ``_SPLIT_UNIT`` (or of the tile, if narrower), where a split's
+    last tile may be partial and the loads mask it (``EVEN_SPLITS`` says what each gives)."""
+    unit = min(cfg.block_k, _SPLIT_UNIT) if cfg.even_splits else cfg.block_k
     return triton.cdiv(triton.cdiv(k, cfg.split_k), unit) * unit
 
 
@@ -350,8 +345,7 @@ def kernel_constants(cfg: SkinnyConfig, gated: bool, dtype: torch.dtype) -> dict
     that the report compiles what a launch runs."""
     return dict(GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
                 ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
-                PRE_LAST=cfg.pre_last, DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET,
-                TMA=cfg.tma)
+                DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, TMA=cfg.tma)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
