@@ -44,20 +44,24 @@ def test_submitit_local_multirun_is_collected(tmp_path: Path) -> None:
 
 def test_optuna_study_in_sqlite_resumes(tmp_path: Path) -> None:
     """A study kept in a database (to resume a long search) is created, and a second run
-    adds its trials to the first's: with SQLAlchemy 2 under optuna 2.10 creation failed."""
+    with another sampler seed adds new points to the first's (with SQLAlchemy 2 under
+    optuna 2.10 creation failed)."""
     import optuna
 
     db = f"sqlite:///{tmp_path / 'study.db'}"
-    for run in ("a", "b"):
+    for seed in (0, 1):
         cmd = [sys.executable, "-m", "experiments.sweep", "-m", "hydra/sweeper=host_tier",
                "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1", "workload.num_requests=12",
-               "experiment.settle_s=1", f"hydra.sweep.dir={tmp_path / run}",
-               f"hydra.sweeper.storage={db}"]
+               "experiment.settle_s=1", f"hydra.sweep.dir={tmp_path / str(seed)}",
+               f"hydra.sweeper.storage={db}", f"hydra.sweeper.sampler.seed={seed}"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stderr[-2000:]
     study = optuna.load_study(study_name="host_tier", storage=db)
     assert len(study.trials) == 4
     assert all(t.state == optuna.trial.TrialState.COMPLETE and t.value > 0 for t in study.trials)
+    first, second = ({t.params["store.host_tier_gib"] for t in study.trials[i:i + 2]}
+                     for i in (0, 2))
+    assert not first & second
 
 
 def test_slurm_launcher_config_composes() -> None:

@@ -58,12 +58,13 @@ def test_the_tma_knob_turns_weight_tiles_into_bulk_copies():
 
 def test_wait_to_copy_counts_the_pre_wait_products():
     """The wait>copy column counts what a program does between the PDL wait and its first
-    async copy: the x read and the products of the tiles read before the wait, so fewer
-    pre-wait tiles (OPENINFER_SKINNY_PRE=1, default 3) mean fewer of them."""
+    async copy: the x reads and the products of the tiles read before the wait, 20 PTX
+    loads and MMAs a tile in a 4B's batch-1 plain GEMMs (OPENINFER_SKINNY_PRE=1; the
+    default 3 makes 60), not everything after the wait."""
     three = _report("--rows", "1", size="4b")
     one = _report("--rows", "1", size="4b", OPENINFER_SKINNY_PRE="1")
     for name in ("qkv", "o_proj", "down"):
-        assert 0 < one[name]["before_copy"] < three[name]["before_copy"], name
+        assert (one[name]["before_copy"], three[name]["before_copy"]) == (20, 60), name
 
 
 def test_a_batch_the_gemm_cannot_take_is_refused():

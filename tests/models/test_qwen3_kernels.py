@@ -325,7 +325,10 @@ def test_even_splits_mask_a_tile_that_straddles_a_split_end(device, monkeypatch,
     tiles, 2,432 even; TMA boxes cannot take even splits."""
     down = S.default_config(2560, 9728, False, True, 132, m=1)
     assert not down.even_splits and S.columns_per_split(9728, down) == 2560
-    assert S.columns_per_split(9728, dataclasses.replace(down, even_splits=True)) == 2432
+    monkeypatch.setattr(S, "EVEN_SPLITS", 1)                 # the knob reaches the launch
+    even = S.default_config(2560, 9728, False, True, 132, m=1)
+    assert even == dataclasses.replace(down, even_splits=True)
+    assert S.columns_per_split(9728, even) == 2432
     with pytest.raises(ConfigError, match="even_splits"):
         dataclasses.replace(down, rows=0, tma=True, even_splits=True)
     monkeypatch.setattr(S, "_SPLIT_UNIT", 16)
@@ -469,14 +472,21 @@ def test_skinny_pre_tiles_out_of_range_is_refused():
 
 
 def test_even_splits_with_tma_knobs_is_refused_at_import():
-    """Both knobs set is a start-up error naming the one to change, not a silent choice."""
+    """Both knobs set is a start-up error naming the one to change, not a silent choice;
+    either alone imports."""
     import subprocess
     import sys
-    env = dict(os.environ, OPENINFER_SKINNY_TMA="1", OPENINFER_SKINNY_EVEN_SPLITS="1")
-    out = subprocess.run([sys.executable, "-c", "import openinfer.models.qwen3.kernels"],
-                         env=env, capture_output=True, text=True, timeout=120)
+
+    def imports(**knobs: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import openinfer.models.qwen3.kernels"],
+                              env=dict(os.environ, **knobs), capture_output=True, text=True,
+                              timeout=120)
+    out = imports(OPENINFER_SKINNY_TMA="1", OPENINFER_SKINNY_EVEN_SPLITS="1")
     assert out.returncode != 0
     assert "OPENINFER_SKINNY_EVEN_SPLITS" in out.stderr and "OPENINFER_SKINNY_TMA" in out.stderr
+    for knob in ("OPENINFER_SKINNY_TMA", "OPENINFER_SKINNY_EVEN_SPLITS"):
+        alone = imports(**{knob: "1"})
+        assert alone.returncode == 0, alone.stderr[-1000:]
 
 
 @pytest.mark.parametrize("splits", [1, 4])

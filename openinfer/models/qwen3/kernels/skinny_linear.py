@@ -98,9 +98,10 @@ TMA = env_choice("OPENINFER_SKINNY_TMA", 0, (0, 1), "1: W tiles by TMA bulk copi
 # results/gpu/dec07_splits_h100/): bs1 +0.7% at 1k and +0.8% at 4k against whole tiles in
 # the same call. The long splits' trip count is the same either way (ten tiles, the last
 # one half masked), and the short split's grows from eight to ten, so evening the bytes
-# gains nothing if a program's time is its trips (not profiled). TMA boxes cannot be masked: not with
-# OPENINFER_SKINNY_TMA. The same call found multiplying the pre-wait tiles after the loop
-# (instead of right after the wait) 7% slower at bs1; that knob is gone.
+# gains nothing if a program's time is its trips (not profiled). TMA boxes cannot be
+# masked: not with OPENINFER_SKINNY_TMA. The same call found multiplying the pre-wait
+# tiles after the loop (instead of right after the wait) 6% slower at bs1; that knob is
+# gone.
 EVEN_SPLITS = env_choice("OPENINFER_SKINNY_EVEN_SPLITS", 0, (0, 1),
                          "1: split K in 128-column units, not whole tiles")
 require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
