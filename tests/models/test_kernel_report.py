@@ -67,7 +67,10 @@ def test_wait_to_copy_counts_the_pre_wait_products():
         assert (one[name]["before_copy"], three[name]["before_copy"]) == (20, 60), name
 
 
-def test_a_batch_the_gemm_cannot_take_is_refused():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--rows", "17"], capture_output=True,
+@pytest.mark.parametrize("args,named", [(["--rows", "17"], "--rows 17"),
+                                        (["--size", "5b"], "'5b'"), (["--arch", "80"], "--arch 80")])
+def test_an_input_the_report_cannot_take_is_refused_in_one_line(args, named):
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 2 and "--rows 17" in out.stderr
+    assert out.returncode == 2 and named in out.stderr and "Traceback" not in out.stderr
+    assert out.stdout == ""                               # refused before the table starts
