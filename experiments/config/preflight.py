@@ -5,8 +5,9 @@ simulator's dataclasses know the ranges. Here every combination a ``-m`` grid wo
 (past ``MAX_COMBOS``, every value of every axis once) is composed with Hydra's own compose
 API and built (``experiments.config.build``); the first problem becomes ``error: KEY=VALUE
 is invalid: expected ...`` and exit code 2, as does a workload key the run's kind never
-reads. An Optuna search space (``interval(...)``) is left to the sweeper: each trial still
-checks its config when it builds.
+reads. A search space (``interval(...)``, on the command line or in the sweeper's
+``params``) is checked just inside both of its ends; each trial still checks its config
+when it builds.
 """
 
 from __future__ import annotations
@@ -215,18 +216,34 @@ def _direction_problem(argv: list[str], config_name: str, objectives: set[str]) 
     return None
 
 
+def sweeper_params(overrides: list[str], config_name: str) -> list[str]:
+    """The sweeper's ``params`` (its config's, or a ``hydra.sweeper.params`` override) as
+    overrides, less the keys the command line sets itself (which the sweeper lets win):
+    a search space there runs trial after trial of a study whose bad trials report inf."""
+    hydra_side = [o for o in overrides
+                  if o.startswith("hydra/sweeper=") or o.lstrip("+~").startswith("hydra.sweeper.params")]
+    try:
+        sweeper = compose(config_name=config_name, overrides=hydra_side,
+                          return_hydra_config=True).hydra.sweeper
+    except (HydraException, OmegaConfBaseException):
+        return []              # a bad hydra.* setting: _hydra_keys_problem explains it
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items() if k not in given]
+
+
 def check(argv: list[str], config_name: str = "config") -> str | None:
     """The first problem of any job the command line would run, or None."""
     register()
-    try:
-        combos = combinations(user_overrides(argv))
-    except HydraException as err:
-        return f"cannot parse the overrides: {str(err).splitlines()[0]}"
     GlobalHydra.instance().clear()
     unread: dict[str, tuple[str, str]] | None = None   # key -> (a job's kind, the kind reading it)
     objectives: set[str] = set()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            overrides = user_overrides(argv)
+            try:
+                combos = combinations(overrides + sweeper_params(overrides, config_name))
+            except HydraException as err:
+                return f"cannot parse the overrides: {str(err).splitlines()[0]}"
             for combo in combos:
                 try:
                     cfg = compose(config_name=config_name, overrides=combo)

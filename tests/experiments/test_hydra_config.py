@@ -139,6 +139,13 @@ def test_the_decode_policy_and_the_resolve_deadline_reach_the_instances(full_hit
     # a search space that is out of range is refused before the study runs its trials
     (["-m", "hydra/sweeper=host_tier", "store.host_tier_gib=interval(-1,0)"], "store.host_tier_gib",
      ">= 0"),
+    # ... also where it is given as the sweeper's params, and in a grid sweeper's range
+    (["-m", "hydra/sweeper=host_tier",
+      "hydra.sweeper.params={store.host_tier_gib:'interval(0.0,0.001)'}"], "store.host_tier_gib",
+     "at least one page"),
+    (["-m", "hydra/sweeper=pool_and_tier",
+      "hydra.sweeper.params={store.num_blocks:'range(0,300,100)',store.host_tier_gib:'choice(1.0)'}"],
+     "store.num_blocks=0", "store.num_blocks"),
     # a sweep job returns one variant's objective
     (["-m", "variant=compare"], "variant.names", "-m variant=pr829,fixed"),
 ])
@@ -153,3 +160,6 @@ def test_good_sweeps_pass() -> None:
                   "hydra.sweeper.direction=maximize"], "sweep") is None
     assert check(["-m", "hydra/sweeper=host_tier", "workload.qps=interval(0,16)"], "sweep") is None
     assert check(["-m", "variant=pr829,fixed"], "sweep") is None
+    assert check(["-m", "hydra/sweeper=pool_and_tier"], "sweep") is None
+    # the command line's own value of a key wins over the sweeper's search space for it
+    assert check(["-m", "hydra/sweeper=host_tier", "store.host_tier_gib=1"], "sweep") is None
