@@ -12,8 +12,12 @@ Timing records for calibration go to ``out_dir`` as JSONL (``experiments.validat
 describes the format). Random-weight checkpoints are generated into a temp folder (tmpfs
 when there is room) and deleted at the end.
 
-On a machine without CUDA, ``device=cpu golden_sizes=tiny`` runs the same code on a tiny
-model (the CPU test does): sections that need a GPU say so and are skipped.
+On a machine without CUDA, ``device=cpu dtype=float32 golden_sizes=tiny`` runs the same
+code on a tiny model (the CPU test does): sections that need a GPU say so and are skipped.
+In bf16 on a CPU the tiny model's Triton golden does not pass (2026-12-07: worst relative
+error 0.028 against HF, top-1 agreement 0.875; not investigated). A golden that does not
+pass, like a missed target, is a result in the report, not an exit code; a section that
+raised exits 1.
 """
 
 from __future__ import annotations
