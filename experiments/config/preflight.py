@@ -86,8 +86,8 @@ def _inside_ends(space: IntervalSweep) -> list[int | float]:
     stays valid): a range that is mostly out of bounds fails here, not as trial after trial
     of a study that reports the bad trials' inf as its result."""
     lo, hi = float(space.start), float(space.end)
-    if "int" in space.tags:
-        return [int(lo), int(hi)]
+    if "int" in space.tags or isinstance(space.start, int) and isinstance(space.end, int):
+        return [int(lo), int(hi)]      # int(interval(...)): Optuna draws integers from it
     step = (hi - lo) / 100
     return [lo + step, hi - step]
 
@@ -218,17 +218,19 @@ def _direction_problem(argv: list[str], config_name: str, objectives: set[str]) 
 
 def sweeper_params(overrides: list[str], config_name: str) -> list[str]:
     """The sweeper's ``params`` (its config's, or a ``hydra.sweeper.params`` override) as
-    overrides, less the keys the command line sets itself (which the sweeper lets win):
-    a search space there runs trial after trial of a study whose bad trials report inf."""
+    overrides, less the keys the command line sets itself (Hydra's basic sweeper lets the
+    command line win; Optuna lets a fixed value win over a search space wherever either is
+    given, so there a command-line space over a fixed param is checked, not skipped): a bad
+    search space there runs trial after trial of a study whose bad trials report inf."""
     hydra_side = [o for o in overrides
                   if o.startswith("hydra/sweeper=") or o.lstrip("+~").startswith("hydra.sweeper.params")]
     try:
         sweeper = compose(config_name=config_name, overrides=hydra_side,
                           return_hydra_config=True).hydra.sweeper
-    except (HydraException, OmegaConfBaseException):
-        return []              # a bad hydra.* setting: _hydra_keys_problem explains it
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    return [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items() if k not in given]
+        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        return [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items() if k not in given]
+    except Exception:  # noqa: BLE001 - params this cannot read are left to Hydra, as before
+        return []
 
 
 def check(argv: list[str], config_name: str = "config") -> str | None:

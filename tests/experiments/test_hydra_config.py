@@ -161,5 +161,10 @@ def test_good_sweeps_pass() -> None:
     assert check(["-m", "hydra/sweeper=host_tier", "workload.qps=interval(0,16)"], "sweep") is None
     assert check(["-m", "variant=pr829,fixed"], "sweep") is None
     assert check(["-m", "hydra/sweeper=pool_and_tier"], "sweep") is None
+    # int(interval(...)) is an integer search space (Optuna draws integers), a plain one is not
+    assert check(["-m", "hydra/sweeper=host_tier", "store.num_blocks=int(interval(200,800))"],
+                 "sweep") is None
+    assert "integer" in check(["-m", "hydra/sweeper=host_tier",
+                               "store.num_blocks=interval(200,800)"], "sweep")
     # the command line's own value of a key wins over the sweeper's search space for it
     assert check(["-m", "hydra/sweeper=host_tier", "store.host_tier_gib=1"], "sweep") is None
