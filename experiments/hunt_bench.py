@@ -40,6 +40,12 @@ class HuntBenchConfig:
         parse_variant(self.variant)
 
 
+def _shown(x: float | None) -> str:
+    """A median of two times is their mean (3.3945000000000003): printed to 4 significant
+    digits; the report keeps the exact value."""
+    return "-" if x is None else f"{x:.4g}"
+
+
 @main_guard
 def main(argv: list[str]) -> None:
     cfg = parse_overrides(HuntBenchConfig, argv)
@@ -64,8 +70,9 @@ def main(argv: list[str]) -> None:
         rows[f] = dict(invariant=inv, median_s=statistics.median(times) if times else None,
                        max_s=max(times) if times else None,
                        median_runs=statistics.median(runs) if runs else None, escapes=escapes[f])
-        print(f"  {f} {inv:28s} median {rows[f]['median_s']} s, max {rows[f]['max_s']} s, "
-              f"median runs {rows[f]['median_runs']}, escaped {escapes[f]}/{cfg.seeds}")
+        print(f"  {f} {inv:28s} median {_shown(rows[f]['median_s'])} s, "
+              f"max {_shown(rows[f]['max_s'])} s, median runs {_shown(rows[f]['median_runs'])}, "
+              f"escaped {escapes[f]}/{cfg.seeds}")
     fixed = hunt(HuntConfig(variant="fixed", budget_s=3600, max_runs=cfg.fixed_runs, seed=1000, quiet=True))
     print(f"fixed: {fixed['runs']} runs in {fixed['elapsed_s']} s ({fixed['runs_per_s']} runs/s), "
           f"violations: {sorted(fixed['violations']) or 'none'}")
