@@ -148,30 +148,11 @@ def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.cons
 
 
 @triton.jit
-def _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1, u1, w2, u2, w3, u3,
-                   PRE: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """The products of the ``PRE`` tiles read before the wait, in K order."""
-    acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, GATED,
-                            DOT_PREC, UPCAST)
-    if PRE >= 2:
-        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + BLOCK_K, k_hi, m_mask, w1, u1,
-                                GATED, DOT_PREC, UPCAST)
-    if PRE >= 3:
-        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 2 * BLOCK_K, k_hi, m_mask, w2,
-                                u2, GATED, DOT_PREC, UPCAST)
-    if PRE >= 4:
-        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 3 * BLOCK_K, k_hi, m_mask, w3,
-                                u3, GATED, DOT_PREC, UPCAST)
-    return acc, acc_up
-
-
-@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PRE: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
+                   PRE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                   TMA: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -190,7 +171,6 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     # the loop's so that no tile becomes a loop-carried value.)
     offs_k0 = k_lo + tl.arange(0, BLOCK_K)
     w0, u0 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo, k_hi, n_mask, BLOCK_K, GATED, TMA)
-    w1, u1, w2, u2, w3, u3 = w0, u0, w0, u0, w0, u0      # stand-ins, never multiplied
     if PRE >= 2:
         w1, u1 = _w_tile(w_rows, w_desc, row0, N, K, up, k_lo + BLOCK_K, k_hi, n_mask,
                          BLOCK_K, GATED, TMA)
@@ -203,8 +183,17 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
     pdl_wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc, acc_up = _mma_pre_tiles(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, w1, u1,
-                                 w2, u2, w3, u3, PRE, BLOCK_K, GATED, DOT_PREC, UPCAST)
+    acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0, k_hi, m_mask, w0, u0, GATED,
+                            DOT_PREC, UPCAST)
+    if PRE >= 2:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + BLOCK_K, k_hi, m_mask, w1, u1,
+                                GATED, DOT_PREC, UPCAST)
+    if PRE >= 3:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 2 * BLOCK_K, k_hi, m_mask, w2,
+                                u2, GATED, DOT_PREC, UPCAST)
+    if PRE >= 4:
+        acc, acc_up = _mma_tile(acc, acc_up, x_rows, offs_k0 + 3 * BLOCK_K, k_hi, m_mask, w3,
+                                u3, GATED, DOT_PREC, UPCAST)
     # The loop loads x before W, which ``_mma_tile`` after ``_w_tile`` would not: that order
     # compiles differently (a 4B's batch-1 gate/up GEMM: 92 registers instead of 80).
     for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
