@@ -243,7 +243,9 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             overrides = user_overrides(argv)
             try:
-                combos = combinations(overrides + sweeper_params(overrides, config_name))
+                multirun = "-m" in argv or "--multirun" in argv   # only a sweep reads params
+                combos = combinations(overrides + (sweeper_params(overrides, config_name)
+                                                   if multirun else []))
             except HydraException as err:
                 return f"cannot parse the overrides: {str(err).splitlines()[0]}"
             for combo in combos:
