@@ -9,6 +9,7 @@ passes them (views of the fused QKV output and of the page-major arena).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 
@@ -131,6 +132,67 @@ def test_decode_form_follows_the_batch_knob(device, monkeypatch):
         ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
         assert (out - ref).abs().max().item() <= FP32_ATOL
     assert launched == [(3, True, 16), (4, False, 32)]
+
+
+@pytest.mark.parametrize("from_qkv", [False, True])
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_splits, from_qkv):
+    """OPENINFER_DECODE_FUSED_REDUCE: the last split program to finish merges the splits,
+    and no reduce kernel is launched. Its output is the reduce kernel's (the same sums),
+    twice in a row (the counters are back at zero after each launch), with splits that
+    are empty (a 1-token row) and a padding row."""
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    reduces = []
+    kernel = mod._decode_reduce_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            reduces.append(grid)
+            return kernel[grid]
+
+    class NaNEmpty:
+        """The module's torch, whose ``empty`` is NaN-filled: a merge that read a split
+        before it was written would not be finite (the allocator may otherwise hand back
+        an earlier run's partials, equal to the right ones)."""
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*shape, **kw):
+            return torch.full(*shape, float("nan"), **kw)
+
+    monkeypatch.setattr(mod, "_decode_reduce_kernel", Spy())
+    monkeypatch.setattr(mod, "torch", NaNEmpty())
+    seqs = [(40, 1), (0, 1), (13, 1)]
+    arena = _arena(device, 4, num_pages=48)
+    bt, lens, qloc, B = _paged_batch(seqs, 4, arena.num_pages, device, padding_rows=1)
+    if from_qkv:
+        last = (lens - 1).long()
+        q = K.QKVParts(torch.randn(1, B, (HQ + 2 * HK) * D, device=device), HQ,
+                       torch.ones(D, device=device), torch.ones(D, device=device),
+                       *rope_tables(D, 1e6, 128, torch.float32, device), last,
+                       torch.full_like(last, -1), 1e-6)
+    else:
+        q = torch.randn(B, HQ, D, device=device)
+    run = functools.partial(K.decode_attention, q, arena.k(0), arena.v(0), bt, lens, 0.25,
+                            num_splits=num_splits, block_n=16)
+    got = [run(fused_reduce=True) for _ in range(2)]
+    assert not reduces
+    assert not mod.arrival_counters(torch.device(device), B * HK).any()
+    want = run(fused_reduce=False)
+    assert len(reduces) == 1
+    for out in got:
+        torch.testing.assert_close(out, want, atol=FP32_ATOL, rtol=0)
+
+
+def test_arrival_counters_grow_and_keep_the_old_buffer(device):
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    dev = torch.device(device)
+    small = mod.arrival_counters(dev, 8)
+    assert small.numel() >= 8 and not small.any()
+    big = mod.arrival_counters(dev, small.numel() + 1)
+    assert big.numel() > small.numel() and mod.arrival_counters(dev, 8) is big
+    assert any(t is small for t in mod._ARRIVALS[dev])   # a graph may still point at it
 
 
 def test_decode_bf16(device):

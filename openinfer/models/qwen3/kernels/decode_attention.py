@@ -3,7 +3,8 @@
 With a small batch, one program per (sequence, kv head) leaves most SMs idle on long
 contexts, so the KV range of each sequence is cut into ``num_splits`` equal chunks that
 run in parallel and write a partial (normalised output, log-sum-exp); a second tiny kernel
-merges them. All ``GROUP`` query heads that share a kv head are processed together, so K/V
+merges them (or, with OPENINFER_DECODE_FUSED_REDUCE=1, the last split program of each
+sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads that share a kv head are processed together, so K/V
 is read once per group. Shapes depend only on (batch, heads, num_splits): no host sync and
 no data-dependent shapes, so the pair can be captured in a CUDA graph; ``num_splits`` is a
 compile-time constant chosen per batch bucket.
@@ -76,6 +77,11 @@ WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 1, 2, 4,
                              "smallest decode batch that waits before reading K/V (0: none)")
 WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 32, 64, 128),
                                 "tokens per K/V tile when the kernel waits first")
+# The split merge done by the last split program of each (sequence, kv head) to finish
+# (it counts arrivals on a per-device counter) instead of a second kernel: a launch fewer a
+# layer, 36 a step of the 4B. Off until a card says it pays.
+FUSED_REDUCE = env_choice("OPENINFER_DECODE_FUSED_REDUCE", 0, (0, 1),
+                          "1: the last split to finish merges the splits, no reduce kernel")
 
 
 @triton.jit
@@ -94,7 +100,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
                          HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
-                         AHEAD: tl.constexpr, PDL: tl.constexpr):
+                         AHEAD: tl.constexpr, arrivals_ptr, FUSED: tl.constexpr,
+                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -190,6 +197,40 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
         tl.store(part_ptr + b * s_pb + heads[:, None] * s_ph + split * s_ps + offs_d[None, :],
                  out, mask=mask)
         tl.store(lse_ptr + b * s_lb + heads * s_lh + split, lse, mask=g_mask)
+        if FUSED:
+            # Every thread's partial is stored (barrier) before one thread's acq_rel
+            # arrival releases them at GPU scope; the program that arrives last acquires
+            # all the others' and merges the group's heads. It resets the counter, which
+            # no program touches again before this grid ends.
+            tl.debug_barrier()
+            counter = arrivals_ptr + b * HK + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+                for g in tl.static_range(GROUP):
+                    _merge_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP + g, s_pb, s_ph,
+                                  s_ps, s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, BLOCK_S,
+                                  BLOCK_D)
+                tl.store(counter, 0)
+
+
+@triton.jit
+def _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
+                  HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Head ``h`` of row ``b`` from its splits' (normalised output, log-sum-exp). Loads go
+    to L2 (``.cg``): when the last split program merges, the others' partials were written
+    from other SMs."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"),
+                  cache_modifier=".cg")
+    w = tl.exp(lse - tl.max(lse, axis=0))          # split 0 is never empty: max is finite
+    part = tl.load(part_ptr + b * s_pb + h * s_ph + offs_s[:, None] * s_ps + offs_d[None, :],
+                   mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0,
+                   cache_modifier=".cg")
+    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
+    tl.store(o_ptr + b * s_ot + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
@@ -199,16 +240,31 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pdl_wait(PDL)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"))
-    w = tl.exp(lse - tl.max(lse, axis=0))          # split 0 is never empty: max is finite
-    part = tl.load(part_ptr + b * s_pb + h * s_ph + offs_s[:, None] * s_ps + offs_d[None, :],
-                   mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
-    tl.store(o_ptr + b * s_ot + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
+                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
+
+
+# Arrival counters of the fused merge, one buffer per device, all zero between launches.
+# Never freed: a captured graph keeps the address it was captured with.
+_ARRIVALS: dict[torch.device, list[torch.Tensor]] = {}
+_MIN_ARRIVALS = 1 << 14
+
+
+def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters, at least ``count``, for the fused merge on ``device``. A
+    larger buffer is made outside graph capture only (its memory would belong to the
+    graph's pool); the older ones stay alive for the graphs that use them. Decode attention
+    launches on one device share it, so they must run in stream order."""
+    held = _ARRIVALS.setdefault(device, [])
+    if not held or held[-1].numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"decode attention with the fused split merge needs {count} arrival counters"
+                " on this device, and they can only be made outside a CUDA-graph capture:"
+                " run one eager decode step of the largest batch first, or set"
+                " OPENINFER_DECODE_FUSED_REDUCE=0")
+        held.append(torch.zeros(max(count, _MIN_ARRIVALS), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_context: int,
@@ -251,14 +307,17 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      num_splits: int | None = None, block_n: int | None = None,
                      num_warps: int | None = None, cached_splits: bool | None = None,
-                     read_ahead: bool | None = None) -> torch.Tensor:
+                     read_ahead: bool | None = None,
+                     fused_reduce: bool | None = None) -> torch.Tensor:
     """q ``[B, Hq, D]`` (one token per sequence, its K/V already written), or the QKV
     projection as ``QKVParts`` (its K/V is written here); caches ``[pages, block, Hk, D]``,
     ``seq_lens[b] >= 1`` -> out ``[B, Hq, D]``. Padding rows: seq_len 1 on a padding page
     (and slot -1). ``cached_splits`` (default CACHED_SPLITS): how the KV length is cut;
     ``read_ahead`` (default: below WAIT_FIRST_ROWS rows): whether the first K/V tile is
     read before the PDL wait, in ``block_n``-token tiles (default BLOCK_N, or
-    WAIT_FIRST_BLOCK_N when waiting first). The same result every way."""
+    WAIT_FIRST_BLOCK_N when waiting first); ``fused_reduce`` (default FUSED_REDUCE): the
+    last split program merges the splits instead of a second kernel. The same result every
+    way."""
     Hk, D, page = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     if isinstance(q, QKVParts):
@@ -293,7 +352,10 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
     part = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=k_cache.device)
     lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=k_cache.device)
     block_d = max(16, triton.next_power_of_2(D))
+    block_s = triton.next_power_of_2(num_splits)
     group = Hq // Hk
+    fused = num_splits > 1 and bool(FUSED_REDUCE if fused_reduce is None else fused_reduce)
+    arrivals = arrival_counters(k_cache.device, B * Hk) if fused else lse
     _decode_split_kernel[(B, Hk, num_splits)](
         q_ptr, k_cache, v_cache, out, part, lse, block_tables, seq_lens, *rope, scale,
         s_qs, s_qt, s_qh, out.stride(0), out.stride(1), *k_cache.stride()[:3],
@@ -303,10 +365,11 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, FROM_QKV=isinstance(q, QKVParts),
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
-        AHEAD=bool(read_ahead), num_warps=num_warps, **pdl_args(k_cache.device))
-    if num_splits > 1:
+        AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=fused, BLOCK_S=block_s,
+        num_warps=num_warps, **pdl_args(k_cache.device))
+    if num_splits > 1 and not fused:
         _decode_reduce_kernel[(B, Hq)](
             part, lse, out, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d, **pdl_args(k_cache.device))
+            HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=block_s, BLOCK_D=block_d,
+            **pdl_args(k_cache.device))
     return out
