@@ -216,6 +216,25 @@ def _direction_problem(argv: list[str], config_name: str, objectives: set[str]) 
     return None
 
 
+def _null_params_problem(argv: list[str], config_name: str) -> str | None:
+    """A ``hydra.sweeper.params={...}`` override for a sweeper whose params are null (Hydra's
+    basic sweeper): OmegaConf cannot merge a dict into null and Hydra dies with an
+    AttributeError. The same grid goes on the command line as plain overrides."""
+    overrides = user_overrides(argv)
+    given = [o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params")]
+    if not given:
+        return None
+    groups = [o for o in overrides if o.startswith("hydra/sweeper=")]
+    sweeper = compose(config_name=config_name, overrides=groups, return_hydra_config=True).hydra.sweeper
+    if "params" not in sweeper or sweeper.params is not None:
+        return None
+    value = OverridesParser.create().parse_override(given[0].lstrip("+~")).value()
+    plain = " ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else ""
+    return (f"{given[0]} is invalid with Hydra's basic sweeper (it cannot take params from the "
+            f"command line): give the grid as overrides{': ' + plain if plain else ''}, "
+            "or pick an Optuna sweeper (hydra/sweeper=host_tier or pool_and_tier)")
+
+
 def sweeper_params(overrides: list[str], config_name: str) -> list[str]:
     """The sweeper's ``params`` (its config's, or a ``hydra.sweeper.params`` override) as
     overrides, less the keys the command line sets itself (Hydra's basic sweeper lets the
@@ -263,8 +282,9 @@ def check(argv: list[str], config_name: str = "config") -> str | None:
                 here = {k: (kind, other) for k, other in unread_workload_keys(combo, kind).items()}
                 # a key some job reads is fine (a grid over both kinds may set chat's turns)
                 unread = here if unread is None else {k: v for k, v in unread.items() if k in here}
-            problem = _hydra_keys_problem(argv, config_name) or _direction_problem(argv, config_name,
-                                                                                   objectives)
+            problem = (_null_params_problem(argv, config_name)
+                       or _hydra_keys_problem(argv, config_name)
+                       or _direction_problem(argv, config_name, objectives))
             if problem is not None:
                 return problem
     finally:

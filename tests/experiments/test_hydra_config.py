@@ -146,6 +146,9 @@ def test_the_decode_policy_and_the_resolve_deadline_reach_the_instances(full_hit
     (["-m", "hydra/sweeper=pool_and_tier",
       "hydra.sweeper.params={store.num_blocks:'range(0,300,100)',store.host_tier_gib:'choice(1.0)'}"],
      "store.num_blocks=0", "store.num_blocks"),
+    # Hydra's basic sweeper cannot take params from the command line (OmegaConf dies inside)
+    (["-m", "hydra.sweeper.params={workload.qps:'2,4'}"], "hydra.sweeper.params",
+     "overrides: workload.qps=2,4"),
     # a sweep job returns one variant's objective
     (["-m", "variant=compare"], "variant.names", "-m variant=pr829,fixed"),
 ])
