@@ -134,21 +134,28 @@ def test_decode_form_follows_the_batch_knob(device, monkeypatch):
     assert launched == [(3, True, 16), (4, False, 32)]
 
 
+def _record_grids(monkeypatch, module, kernel_name: str) -> list:
+    """Swap ``module.kernel_name`` for a launcher that records each launch's grid."""
+    grids, kernel = [], getattr(module, kernel_name)
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(module, kernel_name, Recorder())
+    return grids
+
+
 @pytest.mark.parametrize("from_qkv", [False, True])
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_splits, from_qkv):
-    """OPENINFER_DECODE_FUSED_REDUCE: the last split program to finish merges the splits,
+    """fused_reduce: the last split program to finish merges the splits,
     and no reduce kernel is launched. Its output is the reduce kernel's (the same sums),
     twice in a row (the counters are back at zero after each launch), with splits that
     are empty (a 1-token row) and a padding row."""
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
-    reduces = []
-    kernel = mod._decode_reduce_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            reduces.append(grid)
-            return kernel[grid]
+    reduces = _record_grids(monkeypatch, mod, "_decode_reduce_kernel")
 
     class NaNEmpty:
         """The module's torch, whose ``empty`` is NaN-filled: a merge that read a split
@@ -161,7 +168,6 @@ def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_spl
         def empty(*shape, **kw):
             return torch.full(*shape, float("nan"), **kw)
 
-    monkeypatch.setattr(mod, "_decode_reduce_kernel", Spy())
     monkeypatch.setattr(mod, "torch", NaNEmpty())
     seqs = [(40, 1), (0, 1), (13, 1)]
     arena = _arena(device, 4, num_pages=48)
@@ -183,6 +189,22 @@ def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_spl
     assert len(reduces) == 1
     for out in got:
         torch.testing.assert_close(out, want, atol=FP32_ATOL, rtol=0)
+
+
+def test_fused_merge_knob_takes_launches_of_few_splits(device, monkeypatch):
+    """OPENINFER_DECODE_FUSED_REDUCE_SPLITS=2: a launch of 2 splits merges in the split
+    kernel, one of 3 launches the reduce kernel; both give the reference's output."""
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    reduces = _record_grids(monkeypatch, mod, "_decode_reduce_kernel")
+    monkeypatch.setattr(mod, "FUSED_REDUCE_SPLITS", 2)
+    arena = _arena(device, 4, num_pages=48)
+    bt, lens, qloc, B = _paged_batch([(20, 1), (9, 1)], 4, arena.num_pages, device)
+    q = torch.randn(B, HQ, D, device=device)
+    ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
+    for splits, launched in ((2, 0), (3, 1)):
+        out = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=splits)
+        assert len(reduces) == launched
+        assert (out - ref).abs().max().item() <= FP32_ATOL
 
 
 def test_arrival_counters_grow_and_keep_the_old_buffer(device):

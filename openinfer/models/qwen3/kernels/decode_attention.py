@@ -3,8 +3,8 @@
 With a small batch, one program per (sequence, kv head) leaves most SMs idle on long
 contexts, so the KV range of each sequence is cut into ``num_splits`` equal chunks that
 run in parallel and write a partial (normalised output, log-sum-exp); a second tiny kernel
-merges them (or, with OPENINFER_DECODE_FUSED_REDUCE=1, the last split program of each
-sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads that share a kv head are processed together, so K/V
+merges them (or, up to OPENINFER_DECODE_FUSED_REDUCE_SPLITS splits, the last split program
+of each sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads that share a kv head are processed together, so K/V
 is read once per group. Shapes depend only on (batch, heads, num_splits): no host sync and
 no data-dependent shapes, so the pair can be captured in a CUDA graph; ``num_splits`` is a
 compile-time constant chosen per batch bucket.
@@ -78,10 +78,15 @@ WAIT_FIRST_ROWS = env_choice("OPENINFER_DECODE_WAIT_FIRST_ROWS", 0, (0, 1, 2, 4,
 WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 32, 64, 128),
                                 "tokens per K/V tile when the kernel waits first")
 # The split merge done by the last split program of each (sequence, kv head) to finish
-# (it counts arrivals on a per-device counter) instead of a second kernel: a launch fewer a
-# layer, 36 a step of the 4B. Off until a card says it pays.
-FUSED_REDUCE = env_choice("OPENINFER_DECODE_FUSED_REDUCE", 0, (0, 1),
-                          "1: the last split to finish merges the splits, no reduce kernel")
+# (it counts arrivals on a per-device counter) instead of a second kernel, for launches of
+# at most FUSED_REDUCE_SPLITS splits: a launch fewer a layer. On an H100, side by side
+# (results/gpu/dec07_fused_h100/), merging every launch's splits so cost batch 1 (33 splits)
+# 6.5-9.3%: one program reads 33 partials of 4 heads after everyone else is done, where
+# the reduce kernel spreads them over 32 programs. Batch 8 (8 splits) +0.8-0.9%, batch 32
+# (2 splits) -0.8% at 1k and -1.2% at 4k. Off (0) until an H200 says 2 pays there too.
+FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 0,
+                                 (0, 2, 4, 8, 16, 33, 64),
+                                 "most splits the last split program merges (0: never)")
 
 
 @triton.jit
@@ -262,7 +267,7 @@ def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
                 f"decode attention with the fused split merge needs {count} arrival counters"
                 " on this device, and they can only be made outside a CUDA-graph capture:"
                 " run one eager decode step of the largest batch first, or set"
-                " OPENINFER_DECODE_FUSED_REDUCE=0")
+                " OPENINFER_DECODE_FUSED_REDUCE_SPLITS=0")
         held.append(torch.zeros(max(count, _MIN_ARRIVALS), dtype=torch.int32, device=device))
     return held[-1]
 
@@ -315,8 +320,9 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
     (and slot -1). ``cached_splits`` (default CACHED_SPLITS): how the KV length is cut;
     ``read_ahead`` (default: below WAIT_FIRST_ROWS rows): whether the first K/V tile is
     read before the PDL wait, in ``block_n``-token tiles (default BLOCK_N, or
-    WAIT_FIRST_BLOCK_N when waiting first); ``fused_reduce`` (default FUSED_REDUCE): the
-    last split program merges the splits instead of a second kernel. The same result every
+    WAIT_FIRST_BLOCK_N when waiting first); ``fused_reduce`` (default: at most
+    FUSED_REDUCE_SPLITS splits): the last split program merges the splits instead of a
+    second kernel. The same result every
     way."""
     Hk, D, page = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
@@ -354,7 +360,9 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
     block_d = max(16, triton.next_power_of_2(D))
     block_s = triton.next_power_of_2(num_splits)
     group = Hq // Hk
-    fused = num_splits > 1 and bool(FUSED_REDUCE if fused_reduce is None else fused_reduce)
+    if fused_reduce is None:
+        fused_reduce = num_splits <= FUSED_REDUCE_SPLITS
+    fused = num_splits > 1 and fused_reduce
     arrivals = arrival_counters(k_cache.device, B * Hk) if fused else lse
     _decode_split_kernel[(B, Hk, num_splits)](
         q_ptr, k_cache, v_cache, out, part, lse, block_tables, seq_lens, *rope, scale,
