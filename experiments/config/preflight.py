@@ -111,12 +111,20 @@ def _unread_problem(unread: dict[str, tuple[str, str]]) -> str | None:
     return None
 
 
+# Keys a user reaches for after seeing conf/profiles/ (a folder of fitted profiles, read by
+# path, that Hydra's --help lists as if it were a group).
+FITTED_PROFILE_KEYS = ("profile", "profiles", "calibration")
+FITTED_PROFILE_HINT = ("a fitted profile runs through python -m experiments.simulate "
+                       "profile=conf/profiles/NAME.yaml; these jobs use the roofline step model")
+
+
 def _allowed_keys(full_key: str) -> str:
     group = full_key.split(".", 1)[0]
     if group in GROUPS:
         from dataclasses import fields
         return f"one of the keys {', '.join(f.name for f in fields(GROUPS[group]))} of {group}"
-    return f"one of the groups {', '.join(GROUPS)}"
+    hint = f" ({FITTED_PROFILE_HINT})" if group in FITTED_PROFILE_KEYS else ""
+    return f"one of the groups {', '.join(GROUPS)}{hint}"
 
 
 def _options(group: str, config_name: str) -> list[str]:

@@ -42,6 +42,9 @@ from openinfer.errors import ConfigError
     (["workload=random", "workload.turns=9"], "workload.turns", "workload.kind=chat"),
     (["workload.prefix_len=64"], "workload.prefix_len", "workload.kind=random"),
     (["backend.calibration=x.json"], "backend.calibration", "step_model"),
+    # conf/profiles/ is listed by --help as a group; its files are experiments.simulate's
+    (["profiles=h200_qwen3-4b"], "profiles", "experiments.simulate profile=conf/profiles/"),
+    (["profile=conf/profiles/h200_qwen3-4b.yaml"], "profile", "experiments.simulate"),
     (["workload.cv=2"], "workload.cv", "gamma"),
     (["store.host_tier_gib=0"], "store.host_tier_gib", "P/D"),   # the handoff needs the tier
     # limits under which not even the smallest request is served: every one rejected
@@ -75,6 +78,17 @@ def test_cli_exits_2_with_one_line() -> None:
     p = subprocess.run([sys.executable, "-m", "experiments.run", "workload.qpss=3"], capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "workload.qpss" in p.stderr
+
+
+def test_help_says_profiles_is_not_a_group() -> None:
+    """--help lists conf/profiles/ among the groups (Hydra lists every folder); the line
+    under the list says where a fitted profile goes instead."""
+    p = subprocess.run([sys.executable, "-m", "experiments.run", "--help"], capture_output=True,
+                       text=True)
+    assert p.returncode == 0
+    groups, _, rest = p.stdout.partition("(profiles is not a group")
+    assert "profiles: h200_qwen3-4b" in groups
+    assert "experiments.simulate profile=conf/profiles/NAME.yaml" in rest.split("== Config ==")[0]
 
 
 def test_the_workload_group_builds_through_the_shared_flat_form() -> None:
