@@ -57,6 +57,17 @@ def test_golden_tiny_passes_both_backends(report):
             assert c["passed"] and c["rel_err_vs_hf"] < 1e-4 and c["top1_vs_hf"] == 1.0
 
 
+def test_golden_tiny_passes_in_bf16_on_the_cpu(tmp_path):
+    """The model's own dtype on the CPU: the interpreter rounds to bf16 as a GPU does, so
+    the Triton backend meets the same bf16 bar as on a GPU (it truncated once and failed)."""
+    cfg = parse_overrides(ValidateConfig, [f"report={tmp_path}/r.json", "device=cpu",
+                                           "dtype=bfloat16", "golden_sizes=tiny",
+                                           "sections=golden", f"scratch={tmp_path}/ckpt"])
+    g = run(cfg)["golden"]["tiny"]
+    assert g["status"] == "ok", g.get("error")
+    assert all(g["backends"][b]["passed"] for b in ("reference", "triton")), g["backends"]
+
+
 def test_offload_round_trip_is_byte_identical(report):
     o = report[0]["offload"]
     assert o["status"] == "ok", o.get("error")
