@@ -4,7 +4,8 @@
 # with ABLATE=1), where the bs1 step's time goes (scripts/decode_ablation.py). No validate:
 # use device_tune_and_validate.sh once a variant is worth making the default.
 #
-#   [ABLATE=auto|1|0] [BASE=DIR] scripts/device_bench_and_ablate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
+#   [ABLATE=auto|1|0] [ABLATE_TIMEOUT=S] [BENCH_TIMEOUT=S] [BASE=DIR] \
+#     scripts/device_bench_and_ablate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
 #
 # BASE: an older tree's package beside the working tree's, as ``before`` (make it with
 # ``mkdir -p .bench_base && git archive REV openinfer | tar -x -C .bench_base``).
@@ -30,7 +31,7 @@ case "${ABLATE:-auto}" in
   *) nvidia-smi -L | grep -q H200 && ablate=1 || ablate=0 ;;
 esac
 if [ "$ablate" = 1 ]; then
-  timeout 200 python3 scripts/decode_ablation.py --out "$WORK/abl" > "$OUT/ablation.log" 2>&1
+  timeout "${ABLATE_TIMEOUT:-200}" python3 scripts/decode_ablation.py --out "$WORK/abl" > "$OUT/ablation.log" 2>&1
   cp "$WORK/abl/ablation.json" "$OUT/" 2>/dev/null
   tail -22 "$OUT/ablation.log"
 fi

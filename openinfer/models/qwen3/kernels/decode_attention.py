@@ -4,8 +4,8 @@ With a small batch, one program per (sequence, kv head) leaves most SMs idle on 
 contexts, so the KV range of each sequence is cut into ``num_splits`` equal chunks that
 run in parallel and write a partial (normalised output, log-sum-exp); a second tiny kernel
 merges them (or, up to OPENINFER_DECODE_FUSED_REDUCE_SPLITS splits, the last split program
-of each sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads that share a kv head are processed together, so K/V
-is read once per group. Shapes depend only on (batch, heads, num_splits): no host sync and
+of each sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads
+that share a kv head are processed together, so K/V is read once per group. Shapes depend only on (batch, heads, num_splits): no host sync and
 no data-dependent shapes, so the pair can be captured in a CUDA graph; ``num_splits`` is a
 compile-time constant chosen per batch bucket.
 
@@ -213,26 +213,26 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                 for g in tl.static_range(GROUP):
                     _merge_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP + g, s_pb, s_ph,
                                   s_ps, s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, BLOCK_S,
-                                  BLOCK_D)
+                                  BLOCK_D, ".cg")
                 tl.store(counter, 0)
 
 
 @triton.jit
 def _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
                   HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    """Head ``h`` of row ``b`` from its splits' (normalised output, log-sum-exp). Loads go
-    to L2 (``.cg``): when the last split program merges, the others' partials were written
-    from other SMs."""
+                  BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+    """Head ``h`` of row ``b`` from its splits' (normalised output, log-sum-exp). The last
+    split program reads through L2 (``CACHE=".cg"``): the others' partials were written
+    from other SMs. The reduce kernel keeps plain loads (``""``)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=".cg")
+                  cache_modifier=CACHE)
     w = tl.exp(lse - tl.max(lse, axis=0))          # split 0 is never empty: max is finite
     part = tl.load(part_ptr + b * s_pb + h * s_ph + offs_s[:, None] * s_ps + offs_d[None, :],
                    mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0,
-                   cache_modifier=".cg")
+                   cache_modifier=CACHE)
     out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
     tl.store(o_ptr + b * s_ot + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
@@ -246,7 +246,7 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     h = tl.program_id(1)
     pdl_wait(PDL)
     _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
-                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
+                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, "")
 
 
 # Arrival counters of the fused merge, one buffer per device, all zero between launches.
@@ -260,6 +260,8 @@ def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
     larger buffer is made outside graph capture only (its memory would belong to the
     graph's pool); the older ones stay alive for the graphs that use them. Decode attention
     launches on one device share it, so they must run in stream order."""
+    if device.type == "cuda" and device.index is None:    # "cuda" and "cuda:0": one buffer
+        device = torch.device("cuda", torch.cuda.current_device())
     held = _ARRIVALS.setdefault(device, [])
     if not held or held[-1].numel() < count:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -322,8 +324,7 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
     read before the PDL wait, in ``block_n``-token tiles (default BLOCK_N, or
     WAIT_FIRST_BLOCK_N when waiting first); ``fused_reduce`` (default: at most
     FUSED_REDUCE_SPLITS splits): the last split program merges the splits instead of a
-    second kernel. The same result every
-    way."""
+    second kernel. The same result every way."""
     Hk, D, page = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     if isinstance(q, QKVParts):
@@ -373,7 +374,7 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, FROM_QKV=isinstance(q, QKVParts),
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
-        AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=fused, BLOCK_S=block_s,
+        AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=bool(fused), BLOCK_S=block_s,
         num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1 and not fused:
         _decode_reduce_kernel[(B, Hq)](
