@@ -57,7 +57,8 @@ def combinations(overrides: list[str]) -> list[list[str]]:
     axes: list[list[str]] = []
     for o in parsed:
         key = o.get_key_element()
-        if key.startswith("hydra") and not key.startswith(("hydra/launcher", "hydra/sweeper")):
+        bare = key.lstrip("+~")   # +hydra.x / ~hydra.x are Hydra's settings as much as hydra.x
+        if bare.startswith("hydra") and not bare.startswith(("hydra/launcher", "hydra/sweeper")):
             continue
         if o.is_sweep_override():
             if o.is_interval_sweep():   # a search space: checked just inside both of its ends
@@ -237,7 +238,14 @@ def _null_params_problem(argv: list[str], config_name: str) -> str | None:
     if "params" not in sweeper or sweeper.params is not None:
         return None
     value = OverridesParser.create().parse_override(given[0].lstrip("+~")).value()
-    plain = " ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else ""
+    if value is None or value == {}:   # no params: what the basic sweeper has already
+        return None
+
+    def as_sweep(v: object) -> str:
+        return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    plain = (" ".join(f"{k}={as_sweep(v)}" for k, v in value.items())
+             if isinstance(value, dict) else "")
     return (f"{given[0]} is invalid with Hydra's basic sweeper (it cannot take params from the "
             f"command line): give the grid as overrides{': ' + plain if plain else ''}, "
             "or pick an Optuna sweeper (hydra/sweeper=host_tier or pool_and_tier)")

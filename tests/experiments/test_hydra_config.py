@@ -163,6 +163,9 @@ def test_the_decode_policy_and_the_resolve_deadline_reach_the_instances(full_hit
     # Hydra's basic sweeper cannot take params from the command line (OmegaConf dies inside)
     (["-m", "hydra.sweeper.params={workload.qps:'2,4'}"], "hydra.sweeper.params",
      "overrides: workload.qps=2,4"),
+    (["-m", "+hydra.sweeper.params={workload.qps:'2,4'}"], "hydra.sweeper.params",
+     "overrides: workload.qps=2,4"),
+    (["-m", "+hydra.sweeper.params.workload.qps=2,4"], "hydra.sweeper.params", "basic sweeper"),
     # a sweep job returns one variant's objective
     (["-m", "variant=compare"], "variant.names", "-m variant=pr829,fixed"),
 ])
@@ -172,6 +175,8 @@ def test_bad_sweep_is_refused_before_any_job(argv, key, hint) -> None:
 
 
 def test_good_sweeps_pass() -> None:
+    # empty params are what the basic sweeper has anyway
+    assert check(["-m", "hydra.sweeper.params={}"], "sweep") is None
     assert check(["-m", "hydra/sweeper=host_tier"], "sweep") is None
     assert check(["-m", "hydra/sweeper=host_tier", "experiment.objective=hit_rate",
                   "hydra.sweeper.direction=maximize"], "sweep") is None
