@@ -47,10 +47,13 @@ def _round_bf16_to_nearest_even(interp) -> None:
 
     original = interp._convert_float
 
+    rtz = interp._ir.ROUNDING_MODE.RTZ
+
     def convert(data, src, dst, rounding_mode):
-        if src == tl.float32 and dst == tl.bfloat16 and rounding_mode != interp._ir.ROUNDING_MODE.RTZ:
+        if src == tl.float32 and dst == tl.bfloat16 and rounding_mode != rtz:
             as_fp32 = torch.from_numpy(np.ascontiguousarray(data).view(np.float32))
-            return as_fp32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(data.shape)
+            bits = as_fp32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            return bits.reshape(data.shape)
         return original(data, src, dst, rounding_mode)
 
     interp._convert_float = convert

@@ -5,9 +5,10 @@ contexts, so the KV range of each sequence is cut into ``num_splits`` equal chun
 run in parallel and write a partial (normalised output, log-sum-exp); a second tiny kernel
 merges them (or, up to OPENINFER_DECODE_FUSED_REDUCE_SPLITS splits, the last split program
 of each sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads
-that share a kv head are processed together, so K/V is read once per group. Shapes depend only on (batch, heads, num_splits): no host sync and
-no data-dependent shapes, so the pair can be captured in a CUDA graph; ``num_splits`` is a
-compile-time constant chosen per batch bucket.
+that share a kv head are processed together, so K/V is read once per group. Shapes depend
+only on (batch, heads, num_splits): no host sync and no data-dependent shapes, so the pair
+can be captured in a CUDA graph; ``num_splits`` is a compile-time constant chosen per batch
+bucket.
 
 Every cached token but the newest (position ``seq_len - 1``) was written before the kernel
 this one waits on, so each program reads its page-table entries and its first K/V tile
