@@ -230,14 +230,14 @@ def _null_params_problem(argv: list[str], config_name: str) -> str | None:
     basic sweeper): OmegaConf cannot merge a dict into null and Hydra dies with an
     AttributeError. The same grid goes on the command line as plain overrides."""
     overrides = user_overrides(argv)
-    given = [o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params")]
+    given = [o for o in overrides if o.lstrip("+").startswith("hydra.sweeper.params")]
     if not given:
         return None
     groups = [o for o in overrides if o.startswith("hydra/sweeper=")]
     sweeper = compose(config_name=config_name, overrides=groups, return_hydra_config=True).hydra.sweeper
     if "params" not in sweeper or sweeper.params is not None:
         return None
-    value = OverridesParser.create().parse_override(given[0].lstrip("+~")).value()
+    value = OverridesParser.create().parse_override(given[0].lstrip("+")).value()
     if value is None or value == {}:   # no params: what the basic sweeper has already
         return None
 

@@ -166,6 +166,7 @@ def test_the_decode_policy_and_the_resolve_deadline_reach_the_instances(full_hit
     (["-m", "+hydra.sweeper.params={workload.qps:'2,4'}"], "hydra.sweeper.params",
      "overrides: workload.qps=2,4"),
     (["-m", "+hydra.sweeper.params.workload.qps=2,4"], "hydra.sweeper.params", "basic sweeper"),
+    (["-m", "~hydra.sweeper.params"], "hydra.sweeper.params", "delete"),   # one line, no trace
     # a sweep job returns one variant's objective
     (["-m", "variant=compare"], "variant.names", "-m variant=pr829,fixed"),
 ])
