@@ -106,22 +106,28 @@ def test_decode_split_kv_with_padding_rows(device, num_splits, cached, read_ahea
     assert (out - ref).abs().max().item() <= FP32_ATOL
 
 
+def _record_launches(monkeypatch, module, kernel_name: str) -> list:
+    """Swap ``module.kernel_name`` for a launcher that records each launch's (grid,
+    keyword arguments) before launching it."""
+    launches, kernel = [], getattr(module, kernel_name)
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append((grid, kw))
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(module, kernel_name, Recorder())
+    return launches
+
+
 def test_decode_form_follows_the_batch_knob(device, monkeypatch):
     """OPENINFER_DECODE_WAIT_FIRST_ROWS: batches of at least that many rows launch the
     wait-first form with its own tile, smaller ones read their first tile ahead; both
     give the reference's output."""
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
-    launched = []
-    kernel = mod._decode_split_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launched.append((grid[0], kw["AHEAD"], kw["BLOCK_N"]))
-                return kernel[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(mod, "_decode_split_kernel", Spy())
+    launches = _record_launches(monkeypatch, mod, "_decode_split_kernel")
     monkeypatch.setattr(mod, "WAIT_FIRST_ROWS", 4)
     monkeypatch.setattr(mod, "BLOCK_N", 16)
     monkeypatch.setattr(mod, "WAIT_FIRST_BLOCK_N", 32)
@@ -132,20 +138,8 @@ def test_decode_form_follows_the_batch_knob(device, monkeypatch):
         out = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=2)
         ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
         assert (out - ref).abs().max().item() <= FP32_ATOL
-    assert launched == [(3, True, 16), (4, False, 32)]
-
-
-def _record_grids(monkeypatch, module, kernel_name: str) -> list:
-    """Swap ``module.kernel_name`` for a launcher that records each launch's grid."""
-    grids, kernel = [], getattr(module, kernel_name)
-
-    class Recorder:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(module, kernel_name, Recorder())
-    return grids
+    assert [(grid[0], kw["AHEAD"], kw["BLOCK_N"]) for grid, kw in launches] == \
+        [(3, True, 16), (4, False, 32)]
 
 
 def _poison_empty(monkeypatch, module) -> None:
@@ -174,8 +168,7 @@ def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_spl
     a program that is not the last): ``test_fused_split_merge_under_real_concurrency``
     is the GPU's check of that."""
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
-    reduces = _record_grids(monkeypatch, mod, "_decode_reduce_kernel")
-
+    reduces = _record_launches(monkeypatch, mod, "_decode_reduce_kernel")
     _poison_empty(monkeypatch, mod)
     seqs = [(40, 1), (0, 1), (13, 1)]
     arena = _arena(device, 4, num_pages=48)
@@ -236,7 +229,7 @@ def test_fused_merge_knob_takes_launches_of_few_splits(device, monkeypatch):
     """OPENINFER_DECODE_FUSED_REDUCE_SPLITS=2: a launch of 2 splits merges in the split
     kernel, one of 3 launches the reduce kernel; both give the reference's output."""
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
-    reduces = _record_grids(monkeypatch, mod, "_decode_reduce_kernel")
+    reduces = _record_launches(monkeypatch, mod, "_decode_reduce_kernel")
     monkeypatch.setattr(mod, "FUSED_REDUCE_SPLITS", 2)
     arena = _arena(device, 4, num_pages=48)
     bt, lens, qloc, B = _paged_batch([(20, 1), (9, 1)], 4, arena.num_pages, device)
