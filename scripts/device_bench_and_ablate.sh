@@ -10,8 +10,8 @@
 # BASE: an older tree's package beside the working tree's, as ``before`` (make it with
 # ``mkdir -p .bench_base && git archive REV openinfer | tar -x -C .bench_base``).
 #
-# Carry `.whl/` (the simpy wheel). Writes $OUT/nvidia-smi.txt, $OUT/decode_bench.json,
-# $OUT/bench.log and, when it ablates, $OUT/ablation.json and $OUT/ablation.log (five
+# Carry `.whl/` (the simpy wheel). Writes $OUT/nvidia-smi.txt (with the clocks under
+# load), $OUT/decode_bench.json, $OUT/bench.log and, when it ablates, $OUT/ablation.json and $OUT/ablation.log (five
 # files: the device hands back at most eight); worker files stay under $WORK/bench.
 set -u
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/bench_ablate}; rm -rf "$WORK/bench" "$WORK/abl"; mkdir -p "$WORK"
 source scripts/device_env.sh
 gpu_info "$OUT/nvidia-smi.txt"
+clocks_start "$WORK/clocks.csv"
 V=(); for v in "$@"; do V+=(--variant "$v"); done
 [ -n "${BASE:-}" ] && V+=(--base "$BASE")
 timeout "${BENCH_TIMEOUT:-280}" python3 scripts/device_decode_bench.py --out "$WORK/bench" "${V[@]}" \
@@ -35,3 +36,4 @@ if [ "$ablate" = 1 ]; then
   cp "$WORK/abl/ablation.json" "$OUT/" 2>/dev/null
   tail -22 "$OUT/ablation.log"
 fi
+clocks_stop "$WORK/clocks.csv" "$OUT/nvidia-smi.txt"

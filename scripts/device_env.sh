@@ -18,3 +18,35 @@ gpu_info() {
     --format=csv 2>&1 | tee "$1"
   nvidia-smi --query-gpu=clocks.max.sm,clocks.max.memory,power.limit --format=csv 2>&1 | tee -a "$1"
 }
+
+# Clocks under load: sample the SM clock, power and utilisation every 200 ms in the
+# background (clocks_start FILE) and append a summary of the busy samples to $2
+# (clocks_stop FILE SUMMARY). Two cards of one name may hold different clocks under load
+# (power or thermal caps), which gpu_info's idle reading cannot show.
+clocks_start() {
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu \
+    --format=csv,noheader,nounits -lms 200 > "$1" 2>/dev/null &
+  CLOCKS_PID=$!
+}
+clocks_stop() {
+  kill "${CLOCKS_PID:-}" 2>/dev/null; wait "${CLOCKS_PID:-}" 2>/dev/null
+  python3 - "$1" <<'PY' 2>&1 | tee -a "$2"
+import statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        sm, mem, power, util, temp = (float(v) for v in line.split(','))
+    except ValueError:
+        continue
+    if util > 0:
+        rows.append((sm, mem, power, temp))
+if not rows:
+    print('clocks under load: no busy sample')
+else:
+    col = list(zip(*rows))
+    print(f'clocks under load ({len(rows)} busy samples of 200 ms): SM MHz median '
+          f'{statistics.median(col[0]):.0f} min {min(col[0]):.0f}; memory MHz median '
+          f'{statistics.median(col[1]):.0f}; power W median {statistics.median(col[2]):.0f} '
+          f'max {max(col[2]):.0f}; temperature C max {max(col[3]):.0f}')
+PY
+}
