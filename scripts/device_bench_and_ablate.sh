@@ -11,8 +11,9 @@
 # ``mkdir -p .bench_base && git archive REV openinfer | tar -x -C .bench_base``).
 #
 # Carry `.whl/` (the simpy wheel). Writes $OUT/nvidia-smi.txt (with the clocks under
-# load), $OUT/decode_bench.json, $OUT/bench.log and, when it ablates, $OUT/ablation.json and $OUT/ablation.log (five
-# files: the device hands back at most eight); worker files stay under $WORK/bench.
+# load), $OUT/decode_bench.json, $OUT/bench.log and, when it ablates, $OUT/ablation.json
+# and $OUT/ablation.log (five files: the device hands back at most eight); worker files
+# stay under $WORK/bench.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
