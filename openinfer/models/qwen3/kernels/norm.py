@@ -18,8 +18,9 @@ from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels._tuning import env_choice
 
 # A decode step's norm is one program per row (one at batch 1) whose time is the latency of
-# its reads. Triton's default is 4; 8 made no difference beyond noise on an H100
-# (results/gpu/tiles_attempt/).
+# its reads. Triton's default is 4; on an H100, 8 made no difference beyond noise
+# (results/gpu/tiles_attempt/), 2 cost batch 8 2.4-3.1% and 1 cost batch 1 and 8 8-10%
+# (results/gpu/dec07_norm_warps_h100/).
 NORM_WARPS = env_choice("OPENINFER_NORM_WARPS", 4, (1, 2, 4, 8, 16), "warps per RMSNorm row")
 
 
