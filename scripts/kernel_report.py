@@ -1,6 +1,6 @@
-"""What the decode GEMM compiles to on Hopper, read on any machine (no GPU needed).
+"""What the decode GEMM and attention compile to on Hopper, read on any machine (no GPU needed).
 
-    python3 scripts/kernel_report.py [--size 4b] [--rows 1] [--arch 90]
+    python3 scripts/kernel_report.py [--size 4b] [--rows 1] [--context 4096] [--arch 90]
 
 Device time is scarce and a GPU run says how fast, not why. This compiles the skinny
 decode GEMM (``kernels/skinny_linear.py``) for every projection of a model size, with the
@@ -12,15 +12,23 @@ instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies, plain v
 loads taken into registers before the PDL wait). A launch that spills, or whose W tiles
 stop being asynchronous copies, shows here before any GPU call.
 
+A second table does the same for the decode attention's launches (``kernels/
+decode_attention.py``) at that batch over a graph captured for ``--context`` tokens, as
+the bench's is: the split kernel and the reduce kernel, with the programs an SM holds and
+the waves the grid takes on 132 SMs. They are recorded by calling ``decode_attention`` on
+meta tensors shaped like the model's, so their arguments are the launch's own.
+
 Arguments are specialised as the JIT specialises them on a GPU (pointers and sizes that
-are multiples of 16 marked so), which is what makes the loads vector loads; the weights'
-addresses are assumed 16-byte aligned, as the model's are.
+are multiples of 16 marked so, an int equal to 1 made a constant), which is what makes the
+loads vector loads; the weights' and arena's addresses are assumed 16-byte aligned, as
+the model's are.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import re
 import subprocess
@@ -34,27 +42,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REGISTERS_PER_SM = 65536
 SHARED_PER_SM = 228 * 1024
+THREADS_PER_SM = 2048
+PROGRAMS_PER_SM = 32
 PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global\.v4|ld\.global\b"
                      r"|mma\.sync|wgmma|griddepcontrol\.wait)")
 
 
 @dataclass
-class LaunchReport:
+class KernelReport:
     name: str
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     threads: int
     registers: int
     spill_bytes: int
     shared_bytes: int
-    ops: dict[str, int]
-    before_copy: int      # loads and MMAs between the PDL wait and the first async copy
 
     @property
     def programs_per_sm(self) -> int:
-        """Programs an SM can hold, by registers and by shared memory (the lesser)."""
+        """Programs an SM can hold, by registers, shared memory and threads (the least)."""
         by_regs = REGISTERS_PER_SM // max(1, self.registers * self.threads)
         by_smem = SHARED_PER_SM // max(1, self.shared_bytes)
-        return min(by_regs, by_smem)
+        by_threads = THREADS_PER_SM // self.threads
+        return min(by_regs, by_smem, by_threads, PROGRAMS_PER_SM)
+
+    def waves(self, sms: int) -> int:
+        """Rounds of programs the grid takes when every SM holds ``programs_per_sm``."""
+        return math.ceil(math.prod(self.grid) / max(1, self.programs_per_sm * sms))
+
+
+@dataclass
+class LaunchReport(KernelReport):
+    ops: dict[str, int]
+    before_copy: int      # loads and MMAs between the PDL wait and the first async copy
 
 
 def projections(size: str) -> dict[str, tuple[int, int, bool, bool]]:
@@ -112,6 +131,108 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
                         kernel.metadata.shared, ops, ops_before_first_copy(sequence))
 
 
+def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):
+    """Compile ``fn`` for ``sm_<arch>`` as a launch with these arguments would: each
+    argument specialised by the JIT's own routine (pinned triton 3.6.0; on meta tensors,
+    whose address is 0, every pointer counts as 16-byte aligned), constexprs as given;
+    keywords that are not parameters (``num_warps``, ``maxnreg``) are compile options."""
+    import triton
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.compiler import ASTSource
+
+    values = dict(zip(fn.arg_names, args))
+    values.update({k: v for k, v in kwargs.items() if k in fn.arg_names})
+    options = {k: v for k, v in kwargs.items() if k not in fn.arg_names and k != "launch_pdl"}
+    constexpr_names = {fn.arg_names[p.num] for p in fn.params if p.is_constexpr}
+    signature, constants, aligned = {}, {}, []
+    for name in fn.arg_names:
+        if name in constexpr_names:
+            signature[name], constants[name] = "constexpr", values[name]
+            continue
+        kind, spec = native_specialize_impl(BaseBackend, values[name], False, True, True)
+        if kind == "constexpr":                  # an int equal to 1
+            signature[name], constants[name] = "constexpr", spec
+        else:
+            signature[name] = kind
+            if spec == "D":                      # divisible by 16
+                aligned.append(name)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
+                    constexprs={(fn.arg_names.index(c),): v for c, v in constants.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(options, launch_pdl=True))
+
+
+@dataclass
+class RecordedLaunch:
+    name: str
+    kernel: object           # the @triton.jit function
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+
+
+def attention_launches(size: str, rows: int, context: int) -> list[RecordedLaunch]:
+    """Each launch a decode attention of ``rows`` rows makes (the model's batch-1 form takes
+    the QKV projection's parts), recorded on meta tensors, with the PDL wait on as on
+    Hopper."""
+    import torch
+
+    from openinfer.models.qwen3.config import preset
+    from openinfer.models.qwen3.kernels import decode_attention as _  # noqa: F401
+    from openinfer.models.qwen3.kv_arena import KVArena
+    A = sys.modules["openinfer.models.qwen3.kernels.decode_attention"]
+    c, page, meta = preset(size), 16, torch.device("meta")
+    pages = -(-(context + 1) // page)
+    arena = KVArena.allocate(rows * pages + 1, c.num_hidden_layers, page,
+                             c.num_key_value_heads, c.head_dim, torch.bfloat16, meta)
+    tables = torch.empty(rows, pages, dtype=torch.int32, device=meta)
+    lens = torch.empty(rows, dtype=torch.int32, device=meta)
+    hq, d = c.num_attention_heads, c.head_dim
+    if rows <= A.FROM_QKV_ROWS and A.can_take_qkv(d):
+        width = (hq + 2 * c.num_key_value_heads) * d
+        vec = torch.empty(d, dtype=torch.bfloat16, device=meta)
+        table = torch.empty(context + 1, d, dtype=torch.bfloat16, device=meta)
+        positions = torch.empty(rows, dtype=torch.int64, device=meta)    # and slots
+        q = A.QKVParts(torch.empty(1, rows, width, dtype=torch.bfloat16, device=meta), hq,
+                       vec, vec, table, table, positions, positions, c.rms_norm_eps)
+    else:
+        q = torch.empty(rows, hq, d, dtype=torch.bfloat16, device=meta)
+    launches = []
+
+    class Recorder:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(RecordedLaunch(self.name, self.kernel, tuple(grid), args,
+                                               dict(kw, PDL=True)))
+            return launch
+
+    kernels = dict(split="_decode_split_kernel", reduce="_decode_reduce_kernel")
+    saved = {attr: getattr(A, attr) for attr in kernels.values()}
+    try:
+        for name, attr in kernels.items():
+            setattr(A, attr, Recorder(name, saved[attr]))
+        A.decode_attention(q, arena.k(0), arena.v(0), tables, lens, d ** -0.5)
+    finally:
+        for attr, kernel in saved.items():
+            setattr(A, attr, kernel)
+    return launches
+
+
+def compile_attention(size: str, rows: int, context: int, arch: int) -> list[KernelReport]:
+    reports = []
+    for launch in attention_launches(size, rows, context):
+        compiled = compile_recorded(launch.kernel, launch.args, launch.kwargs, arch)
+        registers, spill = _ptxas_usage(compiled.asm["ptx"], arch)
+        reports.append(KernelReport(launch.name, launch.grid, 32 * compiled.metadata.num_warps,
+                                    registers, spill, compiled.metadata.shared))
+    return reports
+
+
 def ops_before_first_copy(sequence: list[str]) -> int:
     """Loads and MMAs a program issues after ``griddepcontrol.wait`` before its first
     asynchronous copy (the loop's x or W tiles, ``cp.async`` or a TMA bulk copy), in PTX
@@ -142,25 +263,45 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     from openinfer.models.qwen3.config import PRESETS
     ap.add_argument("--size", default="4b", choices=list(PRESETS), help="a model preset")
-    ap.add_argument("--rows", type=int, default=1, help="decode batch (1..16)")
+    ap.add_argument("--rows", type=int, default=1,
+                    help="decode batch (1..256; the GEMM table only up to 16)")
+    ap.add_argument("--context", type=int, default=4096,
+                    help="tokens the attention's graph is captured for (its split count)")
     ap.add_argument("--arch", type=int, default=90,
                     help="compute capability: 90 (Hopper, whose per-SM limits fit/SM uses)")
     a = ap.parse_args(argv)
-    if not 1 <= a.rows <= 16:
-        ap.error(f"--rows {a.rows}: the skinny GEMM takes 1..16 rows")
+    if not 1 <= a.rows <= 256:
+        ap.error(f"--rows {a.rows}: a decode batch is 1..256 rows (the largest graph bucket)")
+    if a.context < 1:
+        ap.error(f"--context {a.context}: a decode step needs at least 1 cached token")
     if a.arch != 90:
         ap.error(f"--arch {a.arch}: the report compiles the Hopper launch (the PDL wait, TMA "
                  "and Hopper's per-SM limits); use 90")
     from openinfer.models.qwen3.kernels._tuning import knobs_set
+    from openinfer.models.qwen3.kernels.skinny_linear import MAX_ROWS
     knobs = knobs_set("OPENINFER_SKINNY")
     print(f"skinny GEMM, {a.size}, batch {a.rows}, sm_{a.arch}; knobs: {knobs or 'defaults'}")
-    print(f"{'launch':8} {'grid':>10} {'regs':>5} {'spill':>5} {'smem KB':>8} {'fit/SM':>6} "
-          f"{'wait>copy':>9}  ops")
-    for name, (n, k, gated, may_split) in projections(a.size).items():
-        r = compile_launch(name, n, k, gated, may_split, a.rows, a.arch)
-        grid = f"{r.grid[0]}x{r.grid[1]}"
-        print(f"{name:8} {grid:>10} {r.registers:>5} {r.spill_bytes:>5} "
-              f"{r.shared_bytes / 1024:>8.1f} {r.programs_per_sm:>6} {r.before_copy:>9}  {r.ops}")
+    if a.rows > MAX_ROWS:
+        print(f"(above {MAX_ROWS} rows the projections run cuBLAS: nothing to compile here)")
+    else:
+        print(f"{'launch':8} {'grid':>10} {'regs':>5} {'spill':>5} {'smem KB':>8} "
+              f"{'fit/SM':>6} {'wait>copy':>9}  ops")
+        for name, (n, k, gated, may_split) in projections(a.size).items():
+            r = compile_launch(name, n, k, gated, may_split, a.rows, a.arch)
+            grid = f"{r.grid[0]}x{r.grid[1]}"
+            print(f"{name:8} {grid:>10} {r.registers:>5} {r.spill_bytes:>5} "
+                  f"{r.shared_bytes / 1024:>8.1f} {r.programs_per_sm:>6} {r.before_copy:>9}  "
+                  f"{r.ops}")
+    sms = 132                                   # an H100 SXM's and an H200's
+    attention_knobs = knobs_set("OPENINFER_DECODE")
+    print(f"\ndecode attention, {a.size}, batch {a.rows}, graph for {a.context} tokens, "
+          f"sm_{a.arch}, {sms} SMs; knobs: {attention_knobs or 'defaults'}")
+    print(f"{'kernel':8} {'grid':>10} {'thr':>4} {'regs':>5} {'spill':>5} {'smem KB':>8} "
+          f"{'fit/SM':>6} {'waves':>5}")
+    for r in compile_attention(a.size, a.rows, a.context, a.arch):
+        grid = "x".join(map(str, r.grid))
+        print(f"{r.name:8} {grid:>10} {r.threads:>4} {r.registers:>5} {r.spill_bytes:>5} "
+              f"{r.shared_bytes / 1024:>8.1f} {r.programs_per_sm:>6} {r.waves(sms):>5}")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""``scripts/kernel_report.py`` compiles the decode GEMM for Hopper on a machine without a
-GPU, so a change that makes its weight tiles stop being pipelined copies, or makes a
-launch spill, is caught here rather than in a GPU call."""
+"""``scripts/kernel_report.py`` compiles the decode GEMM and attention for Hopper on a
+machine without a GPU, so a change that makes the GEMM's weight tiles stop being pipelined
+copies, makes a launch spill, or takes the attention to a second wave of programs, is
+caught here rather than in a GPU call."""
 
 from __future__ import annotations
 
@@ -17,15 +18,32 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_report.py"
 LAUNCHES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
-def _report(*args: str, size: str = "tiny", **knobs: str) -> dict[str, dict]:
+def _run(*args: str, size: str = "tiny", **knobs: str) -> str:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("OPENINFER_") and k != "TRITON_INTERPRET"}
     env.update(knobs)
     out = subprocess.run([sys.executable, str(SCRIPT), "--size", size, *args], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _attention(stdout: str) -> dict[str, dict]:
+    """The decode attention table: kernel -> grid, threads, registers, spill, fit, waves."""
     rows = {}
-    for line in out.stdout.splitlines():
+    for line in stdout[stdout.index("decode attention"):].splitlines():
+        m = re.match(r"(split|reduce)\s+([\dx]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+(\d+)"
+                     r"\s+(\d+)$", line)
+        if m:
+            rows[m[1]] = dict(grid=tuple(map(int, m[2].split("x"))), threads=int(m[3]),
+                              registers=int(m[4]), spill=int(m[5]), fit=int(m[6]),
+                              waves=int(m[7]))
+    return rows
+
+
+def _report(*args: str, size: str = "tiny", **knobs: str) -> dict[str, dict]:
+    rows = {}
+    for line in _run(*args, size=size, **knobs).splitlines():
         m = re.match(r"(\w+)\s+(\d+)x(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)"
                      r"\s+(\{.*\})$", line)
         if m:
@@ -67,8 +85,39 @@ def test_wait_to_copy_counts_the_pre_wait_products():
         assert (one[name]["before_copy"], three[name]["before_copy"]) == (20, 60), name
 
 
-@pytest.mark.parametrize("args,named", [(["--rows", "17"], "--rows 17"),
-                                        (["--size", "5b"], "'5b'"), (["--arch", "80"], "--arch 80")])
+def test_the_attention_table_shows_the_launches_a_decode_step_makes():
+    """The 4B at batch 1 over a 4k graph: 8 kv heads x 33 splits, from the QKV parts (8
+    warps), and a reduce kernel over the 32 query heads, each in one wave without
+    spilling. With the merge fused there is no reduce launch; batch 64 has one split and
+    no reduce, and above 16 rows the GEMM table says cuBLAS runs the projections."""
+    one = _attention(_run("--rows", "1", size="4b"))
+    assert one["split"]["grid"] == (1, 8, 33) and one["split"]["threads"] == 256
+    assert one["reduce"]["grid"] == (1, 32)
+    for r in one.values():
+        assert r["spill"] == 0 and r["waves"] == 1
+    fused = _attention(_run("--rows", "1", size="4b", OPENINFER_DECODE_FUSED_REDUCE_SPLITS="64"))
+    assert set(fused) == {"split"}
+    wide = _run("--rows", "64", size="4b")
+    assert "cuBLAS" in wide and _report("--rows", "64", size="4b") == {}
+    assert set(_attention(wide)) == {"split"} and _attention(wide)["split"]["grid"] == (64, 8, 1)
+
+
+def test_waves_follow_what_an_sm_holds():
+    """The 12-04 form (wait first, 64-token tiles) at batch 32: more registers a thread,
+    fewer programs an SM, and the grid of 512 takes a second wave."""
+    today = _attention(_run("--rows", "32", size="4b"))["split"]
+    old = _attention(_run("--rows", "32", size="4b",
+                          OPENINFER_DECODE_WAIT_FIRST_ROWS="32"))["split"]
+    assert today["grid"] == old["grid"] == (32, 8, 2)
+    assert old["registers"] > today["registers"] and old["fit"] < today["fit"]
+    for r in (today, old):
+        assert r["waves"] == -(-512 // (r["fit"] * 132))
+
+
+@pytest.mark.parametrize("args,named", [(["--rows", "257"], "--rows 257"),
+                                        (["--context", "0"], "--context 0"),
+                                        (["--size", "5b"], "'5b'"),
+                                        (["--arch", "80"], "--arch 80")])
 def test_an_input_the_report_cannot_take_is_refused_in_one_line(args, named):
     out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
                          text=True, timeout=60)
