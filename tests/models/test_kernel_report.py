@@ -42,8 +42,13 @@ def _attention(stdout: str) -> dict[str, dict]:
 
 
 def _report(*args: str, size: str = "tiny", **knobs: str) -> dict[str, dict]:
+    return _gemms(_run(*args, size=size, **knobs))
+
+
+def _gemms(stdout: str) -> dict[str, dict]:
+    """The GEMM table: launch -> registers, spill, shared KB, fit, wait>copy, ops."""
     rows = {}
-    for line in _run(*args, size=size, **knobs).splitlines():
+    for line in stdout.splitlines():
         m = re.match(r"(\w+)\s+(\d+)x(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)"
                      r"\s+(\{.*\})$", line)
         if m:
@@ -98,7 +103,7 @@ def test_the_attention_table_shows_the_launches_a_decode_step_makes():
     fused = _attention(_run("--rows", "1", size="4b", OPENINFER_DECODE_FUSED_REDUCE_SPLITS="64"))
     assert set(fused) == {"split"}
     wide = _run("--rows", "64", size="4b")
-    assert "cuBLAS" in wide and _report("--rows", "64", size="4b") == {}
+    assert "cuBLAS" in wide and _gemms(wide) == {}
     assert set(_attention(wide)) == {"split"} and _attention(wide)["split"]["grid"] == (64, 8, 1)
 
 
@@ -112,6 +117,7 @@ def test_waves_follow_what_an_sm_holds():
     assert old["registers"] > today["registers"] and old["fit"] < today["fit"]
     for r in (today, old):
         assert r["waves"] == -(-512 // (r["fit"] * 132))
+    assert (today["waves"], old["waves"]) == (1, 2)
 
 
 @pytest.mark.parametrize("args,named", [(["--rows", "257"], "--rows 257"),
