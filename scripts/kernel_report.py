@@ -90,10 +90,6 @@ def projections(size: str) -> dict[str, tuple[int, int, bool, bool]]:
 
 def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows: int,
                    arch: int, sms: int = 132) -> LaunchReport:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     import torch
 
     from openinfer.models.qwen3.kernels import skinny_linear as _  # noqa: F401
@@ -116,13 +112,9 @@ def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows
     aligned = ["x_ptr", "w_ptr", "y_ptr"] + ([] if cfg.tma else ["w_desc"])
     aligned += [a for a, v in values.items() if a in signature and signature[a] == "i32"
                 and v % 16 == 0]
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     signature.update({c: "constexpr" for c in constants})
-    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
-                    constexprs={(fn.arg_names.index(c),): v for c, v in constants.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                         launch_pdl=True))
+    kernel = _compile(fn, signature, constants, aligned, arch,
+                      dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     ptx = kernel.asm["ptx"]
     registers, spill = _ptxas_usage(ptx, arch)
     sequence = [m.group(1) for m in PTX_OPS.finditer(ptx)]
@@ -136,10 +128,8 @@ def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):
     argument specialised by the JIT's own routine (pinned triton 3.6.0; on meta tensors,
     whose address is 0, every pointer counts as 16-byte aligned), constexprs as given;
     keywords that are not parameters (``num_warps``, ``maxnreg``) are compile options."""
-    import triton
     from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.compiler import ASTSource
+    from triton.backends.compiler import BaseBackend
 
     values = dict(zip(fn.arg_names, args))
     values.update({k: v for k, v in kwargs.items() if k in fn.arg_names})
@@ -157,6 +147,18 @@ def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):
             signature[name] = kind
             if spec == "D":                      # divisible by 16
                 aligned.append(name)
+    return _compile(fn, signature, constants, aligned, arch, options)
+
+
+def _compile(fn, signature: dict, constants: dict, aligned: list[str], arch: int,
+             options: dict):
+    """``fn`` compiled for ``sm_<arch>`` with a PDL launch: ``signature`` types every
+    parameter (``"constexpr"`` for those in ``constants``), ``aligned`` names those
+    divisible by 16."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=fn, signature=signature, attrs=attrs,
                     constexprs={(fn.arg_names.index(c),): v for c, v in constants.items()})
