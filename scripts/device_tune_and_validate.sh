@@ -4,24 +4,25 @@
 # then validate's bench section again with the variant that beat the tree by more than 1%
 # at every point of the PICK_BATCHES batches (default 1; e.g. PICK_BATCHES=32,64), judged by
 # its worst point against the tree's same point. Built for a card the knobs were not tuned on.
-# ABLATE=1 also runs scripts/decode_ablation.py after the bench (where the bs1 step's time
-# goes; about 30 s, cut at 90 s so that the worst case stays inside a 600 s device call:
-# bench 240 + ablation 90 + validate 220), before validate. The re-run of a winning variant
+# ABLATE=1 also runs scripts/decode_ablation.py and scripts/decode_timeline.py after the
+# bench (where the bs1 step's time goes; about 20 s each, cut at 75 and 45 s so that the
+# worst case stays inside a 600 s device call: bench 240 + 75 + 45 + validate 220), before
+# validate. The re-run of a winning variant
 # (120 s more) only comes when the bench finished early enough to leave room for it.
 #
 #   [PICK_BATCHES=B[,B...]] [ABLATE=0|1] scripts/device_tune_and_validate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
 #
 # Carry `.whl/` (the simpy wheel). Writes $OUT/decode_bench.json, $OUT/validate.json,
-# $OUT/ablation.json and .log (with ABLATE=1),
+# $OUT/ablation.json and .log and $OUT/timeline.log (with ABLATE=1; its json is in r.tgz),
 # $OUT/validate_best.json (when a variant won) and $OUT/r.tgz (logs and worker files).
 set -u
 cd "$(dirname "$0")/.."
 R=/tmp/tune; rm -rf $R; mkdir -p $R
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
 # the bench half (and with ABLATE=1 the ablation) is the measuring-only script's
-OUT=$R WORK=$R ABLATE=${ABLATE:-0} ABLATE_TIMEOUT=90 BENCH_TIMEOUT=240 \
-  bash scripts/device_bench_and_ablate.sh "$@" | tail -70
-cp $R/nvidia-smi.txt $R/decode_bench.json $R/ablation.json $R/ablation.log "$OUT/" 2>/dev/null
+OUT=$R WORK=$R ABLATE=${ABLATE:-0} ABLATE_TIMEOUT=75 TIMELINE_TIMEOUT=45 BENCH_TIMEOUT=240 \
+  bash scripts/device_bench_and_ablate.sh "$@" | tail -94
+cp $R/nvidia-smi.txt $R/decode_bench.json $R/ablation.json $R/ablation.log $R/timeline.log "$OUT/" 2>/dev/null
 OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
 cp $R/val/validate.json "$OUT/" 2>/dev/null
 BEST=$(python3 - $R/bench/decode_bench.json "${PICK_BATCHES:-1}" "$@" <<'PY'

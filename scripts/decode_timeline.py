@@ -1,0 +1,208 @@
+"""Where a batch-1 decode step's wall time goes, read from its kernels' own timestamps.
+
+    PYTHONPATH=$PWD python3 scripts/decode_timeline.py --out $OUT/timeline [--contexts 1024,4096]
+        [--replays 20] [--graph-context TOKENS]
+
+``decode_ablation.py`` prices a kind of kernel by removing it and timing the step again,
+which changes the chain it measures. This reads the unchanged step instead, from a CUPTI
+trace of CUDA-graph replays. Under PDL a kernel starts while the one before drains and
+then waits inside, so its duration includes waiting and the durations of a step add up to
+far more than the step. What moves the chain on is a kernel's *end*: each kernel is
+charged the time from the latest end before it to its own (nothing if it ends inside an
+earlier kernel), and those charges add up to the step's span exactly. A kind's charges,
+less its bytes over the copy bandwidth measured in the same process, are what it costs
+beyond its bytes; ``lead`` is how long before the previous kernel's end a kind's kernels
+start (the overlap PDL buys).
+
+The trace has a cost of its own, so the profiled span is printed next to the same graph
+timed without the profiler; read the charges as shares of the step, not as absolute
+times, when the two differ by more than a few percent. GPU only. Writes
+``timeline.json`` and prints a table per context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from decode_ablation import KINDS, kind_bytes, launches  # noqa: E402
+from device_decode_bench import bs1_graph, random_pack, token_count  # noqa: E402
+
+#: The order of a decoder layer's GEMMs in the step (``Qwen3Model``'s layer loop); the
+#: step's last GEMM is the LM head.
+LAYER_GEMMS = ("qkv", "o_proj", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel execution in the trace, in device microseconds."""
+
+    name: str
+    start_us: float
+    end_us: float
+
+
+@dataclass
+class KindCharge:
+    """What one kind of kernel took of one step."""
+
+    launches: int = 0
+    charge_us: float = 0.0          # sum of (own end - latest end before it), at least 0
+    busy_us: float = 0.0            # sum of durations (waiting inside included)
+    leads_us: list[float] = field(default_factory=list)
+
+
+def log(msg: str) -> None:
+    print(f"[timeline {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def kind_of(name: str) -> str | None:
+    """The op kind a kernel name belongs to; None for a GEMM (placed by its order) and
+    'other' for anything the model's decode step does not name (the embedding gather)."""
+    if "skinny" in name:
+        return None
+    if "rms_norm" in name:
+        return "norms"
+    if "decode_split" in name or "decode_reduce" in name:
+        return "attention"
+    return "other"
+
+
+def label_step(names: list[str], layers: int) -> list[str]:
+    """Each kernel's kind. GEMMs share one kernel, so they are told apart by their order:
+    ``LAYER_GEMMS`` for every layer, then the LM head."""
+    gemms = [i for i, n in enumerate(names) if kind_of(n) is None]
+    if len(gemms) != len(LAYER_GEMMS) * layers + 1:
+        raise ValueError(f"a step has {len(gemms)} GEMM launches, expected "
+                         f"{len(LAYER_GEMMS) * layers + 1} for {layers} layers: the layer's "
+                         f"op order changed; update LAYER_GEMMS")
+    kinds = [kind_of(n) or "" for n in names]
+    for ordinal, i in enumerate(gemms):
+        kinds[i] = "lm_head" if ordinal == len(gemms) - 1 else LAYER_GEMMS[ordinal % 4]
+    return kinds
+
+
+def split_steps(kernels: list[Kernel], replays: int) -> list[list[Kernel]]:
+    """The trace's kernels in start order, cut into ``replays`` equal steps."""
+    ordered = sorted(kernels, key=lambda k: k.start_us)
+    if not ordered or len(ordered) % replays:
+        raise ValueError(f"{len(ordered)} kernels do not split into {replays} equal steps; "
+                         f"did the profiler miss graph kernels?")
+    n = len(ordered) // replays
+    return [ordered[i * n:(i + 1) * n] for i in range(replays)]
+
+
+def charge_step(step: list[Kernel], kinds: list[str]) -> tuple[float, dict[str, KindCharge]]:
+    """(span, charges by kind) of one step; the charges add up to the span."""
+    charges: dict[str, KindCharge] = {}
+    prev_end = step[0].start_us
+    for k, kind in zip(step, kinds):
+        c = charges.setdefault(kind, KindCharge())
+        c.launches += 1
+        c.charge_us += max(0.0, k.end_us - prev_end)
+        c.busy_us += k.end_us - k.start_us
+        c.leads_us.append(prev_end - k.start_us)
+        prev_end = max(prev_end, k.end_us)
+    return prev_end - step[0].start_us, charges
+
+
+def summarize(steps: list[list[Kernel]], layers: int) -> dict[str, Any]:
+    """Median span and, per kind, the median of each step's charges."""
+    kinds = label_step([k.name for k in steps[0]], layers)
+    spans, per_kind = [], {}
+    for step in steps:
+        span, charges = charge_step(step, kinds)
+        spans.append(span)
+        for kind, c in charges.items():
+            per_kind.setdefault(kind, []).append(c)
+    out = {}
+    for kind, cs in per_kind.items():
+        out[kind] = dict(launches=cs[0].launches,
+                         charge_us=statistics.median(c.charge_us for c in cs),
+                         busy_us=statistics.median(c.busy_us for c in cs),
+                         lead_us=statistics.median(x for c in cs for x in c.leads_us))
+    return dict(span_us=statistics.median(spans), kinds=out)
+
+
+def trace(fn: Any, replays: int) -> list[Kernel]:
+    """Every kernel ``replays`` calls of ``fn`` ran, from the CUPTI trace."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            fn()
+        torch.cuda.synchronize()
+    return [Kernel(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def table(ctx: int, plain_s: float, res: dict[str, Any], ideal_us: dict[str, float]) -> str:
+    lines = [f"context {ctx}: span {res['span_us']:.1f} us profiled, {plain_s * 1e6:.1f} us "
+             f"without the profiler",
+             f"  {'kind':9} {'n':>4} {'charge us':>10} {'bytes us':>9} {'over/launch':>11} "
+             f"{'busy us':>8} {'lead us':>8}"]
+    for kind in (*KINDS, "other"):
+        k = res["kinds"].get(kind)
+        if k is None:
+            continue
+        ideal = ideal_us.get(kind, 0.0)
+        lines.append(f"  {kind:9} {k['launches']:4d} {k['charge_us']:10.1f} {ideal:9.1f} "
+                     f"{(k['charge_us'] - ideal) / k['launches']:11.2f} {k['busy_us']:8.1f} "
+                     f"{k['lead_us']:8.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/tmp/timeline")
+    ap.add_argument("--contexts", default="1024,4096")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--graph-context", type=token_count, default=0, metavar="TOKENS",
+                    help="capture for this many tokens (default: the longest context); it "
+                         "fixes the attention's split count, as max_context_tokens does")
+    a = ap.parse_args()
+    if a.replays < 1:
+        ap.error("--replays must be at least 1")
+    import torch
+    from experiments.validate.bench import copy_bandwidth
+    from experiments.validate.common import time_fn
+    from openinfer.models.qwen3 import Qwen3Model
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pack = random_pack("4b")
+    bw = copy_bandwidth("cuda", 4096, 20)["bytes_per_s"]
+    log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.3f} TB/s")
+    contexts = [int(x) for x in a.contexts.split(",")]
+    top = max(a.graph_context, *contexts)
+    model = Qwen3Model(pack.cfg, pack.weights, "triton")
+    rows = []
+    for ctx in contexts:
+        graphs, arena, batch = bs1_graph(model, ctx, top)
+        run = lambda g=graphs: g.run(batch)  # noqa: E731
+        plain = time_fn(run, pack.device, 30, warmup=3)["median_s"]
+        res = summarize(split_steps(trace(run, a.replays), a.replays), pack.cfg.num_hidden_layers)
+        ideal = {k: b / bw * 1e6 for k, b in kind_bytes(pack.cfg, ctx, pack.dtype).items()}
+        for kind, n in launches(pack.cfg).items():
+            got = res["kinds"].get(kind, {}).get("launches", 0)
+            if got != n:
+                log(f"ctx {ctx}: {kind} has {got} launches a step, not the default's {n}")
+        print(table(ctx, plain, res, ideal), flush=True)
+        rows.append(dict(context=ctx, step_s=plain, bytes_us=ideal, **res))
+        del graphs, arena
+        torch.cuda.empty_cache()
+    (out / "timeline.json").write_text(json.dumps(dict(
+        device=torch.cuda.get_device_name(), copy_bytes_per_s=bw, replays=a.replays,
+        rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

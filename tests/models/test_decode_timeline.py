@@ -1,0 +1,89 @@
+"""``scripts/decode_timeline.py`` charges each kernel of a traced step to the right kind,
+and the charges add up to the step.
+
+The GPU trace cannot run here, so these feed the accounting synthetic kernels laid out as
+a PDL chain lays them out: each kernel starts before the one before it ends.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import decode_timeline as T  # noqa: E402
+
+LAYER = ["_skinny_kernel", "_decode_split_kernel", "_decode_reduce_kernel", "_skinny_kernel",
+         "_rms_norm_kernel", "_skinny_kernel", "_skinny_kernel", "_rms_norm_kernel"]
+
+
+def step_names(layers: int) -> list[str]:
+    return ["indexSelectSmallIndex", "_rms_norm_kernel", *LAYER * layers, "_skinny_kernel"]
+
+
+def chain(names: list[str], t0: float = 0.0, dur: float = 5.0, overlap: float = 2.0
+          ) -> list[T.Kernel]:
+    """Kernels of ``dur`` us, each starting ``overlap`` us before the previous one ends."""
+    out, start = [], t0
+    for n in names:
+        out.append(T.Kernel(n, start, start + dur))
+        start += dur - overlap
+    return out
+
+
+def test_gemms_are_told_apart_by_their_order_in_the_layer():
+    kinds = T.label_step(step_names(2), layers=2)
+    gemms = [k for k, n in zip(kinds, step_names(2)) if "skinny" in n]
+    assert gemms == ["qkv", "o_proj", "gate_up", "down"] * 2 + ["lm_head"]
+    assert kinds[0] == "other" and kinds[1] == "norms"
+    assert kinds.count("attention") == 4 and kinds.count("norms") == 5
+
+
+def test_a_changed_layer_order_is_refused_not_mislabelled():
+    with pytest.raises(ValueError, match="update LAYER_GEMMS"):
+        T.label_step(step_names(2)[:-1], layers=2)
+
+
+def test_charges_add_up_to_the_span_and_leads_measure_the_overlap():
+    names = step_names(3)
+    step = chain(names)
+    span, charges = T.charge_step(step, T.label_step(names, 3))
+    assert span == pytest.approx(step[-1].end_us - step[0].start_us)
+    assert sum(c.charge_us for c in charges.values()) == pytest.approx(span)
+    assert sum(c.launches for c in charges.values()) == len(names)
+    # every kernel after the first ends 3 us after the one before and started 2 us early
+    assert charges["down"].charge_us == pytest.approx(3 * 3.0)
+    assert charges["down"].busy_us == pytest.approx(3 * 5.0)
+    assert set(charges["down"].leads_us) == {2.0}
+
+
+def test_a_kernel_ending_before_its_predecessor_is_charged_nothing_net():
+    """A short kernel that finishes inside the one before it must not move the chain back."""
+    step = [T.Kernel("a", 0, 10), T.Kernel("b", 2, 4), T.Kernel("c", 9, 12)]
+    span, charges = T.charge_step(step, ["x", "y", "z"])
+    assert span == 12
+    assert charges["y"].charge_us == 0
+    assert charges["z"].charge_us == 2       # from a's end (10), not b's (4)
+    assert sum(c.charge_us for c in charges.values()) == span
+
+
+def test_steps_are_cut_in_start_order_and_uneven_traces_are_refused():
+    names = step_names(1)
+    one, two = chain(names, t0=0.0), chain(names, t0=1000.0)
+    steps = T.split_steps(list(reversed(two + one)), replays=2)
+    assert [k.start_us for k in steps[0]] == [k.start_us for k in one]
+    with pytest.raises(ValueError, match="equal steps"):
+        T.split_steps(one + two[:-1], replays=2)
+    with pytest.raises(ValueError, match="equal steps"):
+        T.split_steps([], replays=1)
+
+
+def test_summary_takes_the_median_step():
+    names = step_names(1)
+    steps = [chain(names, t0=1000.0 * i, dur=d) for i, d in enumerate((5.0, 6.0, 50.0))]
+    res = T.summarize(steps, layers=1)
+    assert res["span_us"] == pytest.approx(T.charge_step(steps[1], T.label_step(names, 1))[0])
+    assert res["kinds"]["qkv"]["launches"] == 1
+    assert res["kinds"]["qkv"]["lead_us"] == pytest.approx(2.0)
