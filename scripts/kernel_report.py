@@ -3,31 +3,33 @@
     python3 scripts/kernel_report.py [--size 4b] [--rows 1] [--context 4096] [--arch 90]
 
 Device time is scarce and a GPU run says how fast, not why. This compiles the skinny
-decode GEMM (``kernels/skinny_linear.py``) for every projection of a model size, with the
-launch that ``default_config`` picks under the current ``OPENINFER_SKINNY_*`` knobs, for
-``sm_<arch>`` with Triton's own compiler and ptxas, and prints per launch: registers a
-thread, shared memory a program, how many programs fit an SM by each, how many loads and
-MMAs come between the PDL wait and the first asynchronous copy after it, and the memory
-instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies, plain vector
-loads taken into registers before the PDL wait). A launch that spills, or whose W tiles
-stop being asynchronous copies, shows here before any GPU call.
+decode GEMM (``kernels/skinny_linear.py``) for every projection of a model size, as the
+launch ``skinny_linear`` / ``skinny_gated`` make under the current ``OPENINFER_SKINNY_*``
+knobs, for ``sm_<arch>`` with Triton's own compiler and ptxas, and prints per launch:
+registers a thread, shared memory a program, how many programs fit an SM by each, how
+many loads and MMAs come between the PDL wait and the first asynchronous copy after it,
+and the memory instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies,
+plain vector loads taken into registers before the PDL wait). A launch that spills, or
+whose W tiles stop being asynchronous copies, shows here before any GPU call.
 
 A second table does the same for the decode attention's launches (``kernels/
 decode_attention.py``) at that batch over a graph captured for ``--context`` tokens, as
 the bench's is: the split kernel and the reduce kernel, with the programs an SM holds and
-the waves the grid takes on 132 SMs. They are recorded by calling ``decode_attention`` on
-meta tensors shaped like the model's, so their arguments are the launch's own.
+the waves the grid takes on 132 SMs.
 
-Arguments are specialised as the JIT specialises them on a GPU (pointers and sizes that
-are multiples of 16 marked so, an int equal to 1 made a constant), which is what makes the
-loads vector loads; the weights' and arena's addresses are assumed 16-byte aligned, as
-the model's are.
+Both tables record their launches by calling the kernels' own Python entry points on meta
+tensors shaped like the model's (132 SMs; weights that fit TMA, as on Hopper), so grids,
+configs and arguments are the launch's own, and specialise every argument with the JIT's
+own routine (pointers and sizes that are multiples of 16 marked so, an int equal to 1 made
+a constant), which is what makes the loads vector loads; the weights' and arena's
+addresses are taken as 16-byte aligned, as the model's are.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import math
 import os
 import re
@@ -49,13 +51,15 @@ PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global\.v4|l
 
 
 @dataclass
-class KernelReport:
+class LaunchReport:
     name: str
     grid: tuple[int, ...]
     threads: int
     registers: int
     spill_bytes: int
     shared_bytes: int
+    ops: dict[str, int]   # memory and MMA instructions in the PTX, by kind
+    before_copy: int      # loads and MMAs between the PDL wait and the first async copy
 
     @property
     def programs_per_sm(self) -> int:
@@ -71,63 +75,92 @@ class KernelReport:
 
 
 @dataclass
-class LaunchReport(KernelReport):
-    ops: dict[str, int]
-    before_copy: int      # loads and MMAs between the PDL wait and the first async copy
+class RecordedLaunch:
+    name: str
+    kernel: object           # the @triton.jit function
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
 
 
-def projections(size: str) -> dict[str, tuple[int, int, bool, bool]]:
-    """name -> (N, K, gated, may_split) of a decode step's GEMMs, as ops.py launches them."""
-    from openinfer.models.qwen3.config import preset
-    c = preset(size)
-    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
-    return dict(qkv=(qkv, c.hidden_size, False, True),
-                o_proj=(c.hidden_size, c.q_size, False, True),
-                gate_up=(c.intermediate_size, c.hidden_size, True, False),
-                down=(c.hidden_size, c.intermediate_size, False, True),
-                lm_head=(c.vocab_size, c.hidden_size, False, False))
+@contextlib.contextmanager
+def recording(module, kernels: dict[str, str]):
+    """Within: each ``module.<attr>[grid](...)`` launch of ``kernels`` (name -> attribute)
+    is recorded, not run, with the PDL wait on as on Hopper; yields the list it fills."""
+    launches: list[RecordedLaunch] = []
+
+    class Recorder:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(RecordedLaunch(self.name, self.kernel, tuple(grid), args,
+                                               dict(kw, PDL=True)))
+            return launch
+
+    saved = {attr: getattr(module, attr) for attr in kernels.values()}
+    try:
+        for name, attr in kernels.items():
+            setattr(module, attr, Recorder(name, saved[attr]))
+        yield launches
+    finally:
+        for attr, kernel in saved.items():
+            setattr(module, attr, kernel)
 
 
-def compile_launch(name: str, n: int, k: int, gated: bool, may_split: bool, rows: int,
-                   arch: int, sms: int = 132) -> LaunchReport:
+def gemm_launches(size: str, rows: int) -> list[RecordedLaunch]:
+    """The decode GEMM launches of a step at ``rows`` rows, named by projection, recorded
+    on meta tensors from ``skinny_linear`` / ``skinny_gated`` as ``ops.py`` calls them, so
+    their configs, grids and arguments are the launch's own (132 SMs; the weights taken to
+    fit TMA, as the model's do on Hopper)."""
     import torch
 
+    from openinfer.models.qwen3.config import preset
     from openinfer.models.qwen3.kernels import skinny_linear as _  # noqa: F401
     S = sys.modules["openinfer.models.qwen3.kernels.skinny_linear"]
-    cfg = S.default_config(n, k, gated, may_split, sms, m=rows, tma=bool(S.TMA))
-    fn = S._skinny_kernel
-    split = cfg.split_k > 1
-    out_ty = "*fp32" if split or name == "lm_head" else "*bf16"
-    desc = f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>" if cfg.tma else "*bf16"
-    signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "w_desc": desc, "y_ptr": out_ty,
-                 "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32", "s_xm": "i32",
-                 "s_wn": "i32", "s_ys": "i32", "s_ym": "i32"}
-    per_split = S.columns_per_split(k, cfg)
-    values = dict(M=rows, N=n, K=k, k_per_split=per_split, s_xm=k, s_wn=k, s_ys=rows * n,
-                  s_ym=n)
-    constants = dict(S.kernel_constants(cfg, gated, torch.bfloat16), PDL=True)
-    if rows == 1:                   # the JIT makes an int argument equal to 1 a constant
-        signature["M"] = "constexpr"
-        constants["M"] = 1
-    aligned = ["x_ptr", "w_ptr", "y_ptr"] + ([] if cfg.tma else ["w_desc"])
-    aligned += [a for a, v in values.items() if a in signature and signature[a] == "i32"
-                and v % 16 == 0]
-    signature.update({c: "constexpr" for c in constants})
-    kernel = _compile(fn, signature, constants, aligned, arch,
-                      dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    ptx = kernel.asm["ptx"]
+    c, meta, bf16 = preset(size), torch.device("meta"), torch.bfloat16
+
+    def t(*shape: int) -> torch.Tensor:
+        return torch.empty(*shape, dtype=bf16, device=meta)
+
+    h, i = c.hidden_size, c.intermediate_size
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    calls = dict(qkv=lambda: S.skinny_linear(t(rows, h), t(qkv, h)),
+                 o_proj=lambda: S.skinny_linear(t(rows, c.q_size), t(h, c.q_size)),
+                 gate_up=lambda: S.skinny_gated(t(rows, h), t(2 * i, h)),
+                 down=lambda: S.skinny_linear(t(rows, i), t(h, i)),
+                 lm_head=lambda: S.skinny_linear(t(rows, h), t(c.vocab_size, h),
+                                                 out_dtype=torch.float32))
+    launches = []
+    saved_fits = S.tma_fits
+    S.tma_fits = lambda w: True
+    try:
+        for name, call in calls.items():
+            with recording(S, {name: "_skinny_kernel"}) as got:
+                call()
+            launches += got
+    finally:
+        S.tma_fits = saved_fits
+    return launches
+
+
+def compile_launch(launch: RecordedLaunch, arch: int) -> LaunchReport:
+    compiled = compile_recorded(launch.kernel, launch.args, launch.kwargs, arch)
+    ptx = compiled.asm["ptx"]
     registers, spill = _ptxas_usage(ptx, arch)
     sequence = [m.group(1) for m in PTX_OPS.finditer(ptx)]
     ops = dict(sorted(collections.Counter(sequence).items()))
-    return LaunchReport(name, cfg.grid(n), 32 * cfg.num_warps, registers, spill,
-                        kernel.metadata.shared, ops, ops_before_first_copy(sequence))
+    return LaunchReport(launch.name, launch.grid, 32 * compiled.metadata.num_warps, registers,
+                        spill, compiled.metadata.shared, ops, ops_before_first_copy(sequence))
 
 
 def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):
     """Compile ``fn`` for ``sm_<arch>`` as a launch with these arguments would: each
     argument specialised by the JIT's own routine (pinned triton 3.6.0; on meta tensors,
     whose address is 0, every pointer counts as 16-byte aligned), constexprs as given;
-    keywords that are not parameters (``num_warps``, ``maxnreg``) are compile options."""
+    keywords that are not parameters (``num_warps``, ``maxnreg``) are compile options, and
+    the launch is a PDL launch."""
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
@@ -147,14 +180,6 @@ def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):
             signature[name] = kind
             if spec == "D":                      # divisible by 16
                 aligned.append(name)
-    return _compile(fn, signature, constants, aligned, arch, options)
-
-
-def _compile(fn, signature: dict, constants: dict, aligned: list[str], arch: int,
-             options: dict):
-    """``fn`` compiled for ``sm_<arch>`` with a PDL launch: ``signature`` types every
-    parameter (``"constexpr"`` for those in ``constants``), ``aligned`` names those
-    divisible by 16."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -164,15 +189,6 @@ def _compile(fn, signature: dict, constants: dict, aligned: list[str], arch: int
                     constexprs={(fn.arg_names.index(c),): v for c, v in constants.items()})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(options, launch_pdl=True))
-
-
-@dataclass
-class RecordedLaunch:
-    name: str
-    kernel: object           # the @triton.jit function
-    grid: tuple[int, ...]
-    args: tuple
-    kwargs: dict
 
 
 def attention_launches(size: str, rows: int, context: int) -> list[RecordedLaunch]:
@@ -201,38 +217,14 @@ def attention_launches(size: str, rows: int, context: int) -> list[RecordedLaunc
                        vec, vec, table, table, positions, positions, c.rms_norm_eps)
     else:
         q = torch.empty(rows, hq, d, dtype=torch.bfloat16, device=meta)
-    launches = []
-
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launches.append(RecordedLaunch(self.name, self.kernel, tuple(grid), args,
-                                               dict(kw, PDL=True)))
-            return launch
-
     kernels = dict(split="_decode_split_kernel", reduce="_decode_reduce_kernel")
-    saved = {attr: getattr(A, attr) for attr in kernels.values()}
-    try:
-        for name, attr in kernels.items():
-            setattr(A, attr, Recorder(name, saved[attr]))
+    with recording(A, kernels) as launches:
         A.decode_attention(q, arena.k(0), arena.v(0), tables, lens, d ** -0.5)
-    finally:
-        for attr, kernel in saved.items():
-            setattr(A, attr, kernel)
     return launches
 
 
-def compile_attention(size: str, rows: int, context: int, arch: int) -> list[KernelReport]:
-    reports = []
-    for launch in attention_launches(size, rows, context):
-        compiled = compile_recorded(launch.kernel, launch.args, launch.kwargs, arch)
-        registers, spill = _ptxas_usage(compiled.asm["ptx"], arch)
-        reports.append(KernelReport(launch.name, launch.grid, 32 * compiled.metadata.num_warps,
-                                    registers, spill, compiled.metadata.shared))
-    return reports
+def compile_attention(size: str, rows: int, context: int, arch: int) -> list[LaunchReport]:
+    return [compile_launch(launch, arch) for launch in attention_launches(size, rows, context)]
 
 
 def ops_before_first_copy(sequence: list[str]) -> int:
@@ -288,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{'launch':8} {'grid':>10} {'regs':>5} {'spill':>5} {'smem KB':>8} "
               f"{'fit/SM':>6} {'wait>copy':>9}  ops")
-        for name, (n, k, gated, may_split) in projections(a.size).items():
-            r = compile_launch(name, n, k, gated, may_split, a.rows, a.arch)
+        for launch in gemm_launches(a.size, a.rows):
+            r = compile_launch(launch, a.arch)
             grid = f"{r.grid[0]}x{r.grid[1]}"
-            print(f"{name:8} {grid:>10} {r.registers:>5} {r.spill_bytes:>5} "
+            print(f"{r.name:8} {grid:>10} {r.registers:>5} {r.spill_bytes:>5} "
                   f"{r.shared_bytes / 1024:>8.1f} {r.programs_per_sm:>6} {r.before_copy:>9}  "
                   f"{r.ops}")
     sms = 132                                   # an H100 SXM's and an H200's
