@@ -17,7 +17,8 @@ start (the overlap PDL buys).
 The trace has a cost of its own, so the profiled span is printed next to the same graph
 timed without the profiler; read the charges as shares of the step, not as absolute
 times, when the two differ by more than a few percent. GPU only. Writes
-``timeline.json`` and prints a table per context.
+``timeline.json`` and prints, per context, the charges by kind (next to the kind's bytes)
+and by kernel name (the attention's split and reduce kernels apart).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from decode_ablation import KINDS, kind_bytes, launches  # noqa: E402
+from decode_ablation import KINDS, kind_bytes  # noqa: E402
 from device_decode_bench import bs1_graph, random_pack, token_count  # noqa: E402
 
 #: The order of a decoder layer's GEMMs in the step (``Qwen3Model``'s layer loop); the
@@ -114,22 +115,25 @@ def charge_step(step: list[Kernel], kinds: list[str]) -> tuple[float, dict[str, 
     return prev_end - step[0].start_us, charges
 
 
-def summarize(steps: list[list[Kernel]], layers: int) -> dict[str, Any]:
-    """Median span and, per kind, the median of each step's charges."""
-    kinds = label_step([k.name for k in steps[0]], layers)
-    spans, per_kind = [], {}
-    for step in steps:
-        span, charges = charge_step(step, kinds)
-        spans.append(span)
-        for kind, c in charges.items():
-            per_kind.setdefault(kind, []).append(c)
+def _medians(per_step: list[dict[str, KindCharge]]) -> dict[str, dict[str, float]]:
     out = {}
-    for kind, cs in per_kind.items():
-        out[kind] = dict(launches=cs[0].launches,
-                         charge_us=statistics.median(c.charge_us for c in cs),
-                         busy_us=statistics.median(c.busy_us for c in cs),
-                         lead_us=statistics.median(x for c in cs for x in c.leads_us))
-    return dict(span_us=statistics.median(spans), kinds=out)
+    for key in per_step[0]:
+        cs = [charges[key] for charges in per_step]
+        out[key] = dict(launches=cs[0].launches,
+                        charge_us=statistics.median(c.charge_us for c in cs),
+                        busy_us=statistics.median(c.busy_us for c in cs),
+                        lead_us=statistics.median(x for c in cs for x in c.leads_us))
+    return out
+
+
+def summarize(steps: list[list[Kernel]], layers: int) -> dict[str, Any]:
+    """Median span and, per kind and per kernel name, the median of each step's charges."""
+    kinds = label_step([k.name for k in steps[0]], layers)
+    charged = [charge_step(step, kinds) for step in steps]
+    by_name = [charge_step(step, [k.name for k in step])[1] for step in steps]
+    return dict(span_us=statistics.median(span for span, _ in charged),
+                kinds=_medians([charges for _, charges in charged]),
+                kernels=_medians(by_name))
 
 
 def trace(fn: Any, replays: int) -> list[Kernel]:
@@ -158,6 +162,10 @@ def table(ctx: int, plain_s: float, res: dict[str, Any], ideal_us: dict[str, flo
         lines.append(f"  {kind:9} {k['launches']:4d} {k['charge_us']:10.1f} {ideal:9.1f} "
                      f"{(k['charge_us'] - ideal) / k['launches']:11.2f} {k['busy_us']:8.1f} "
                      f"{k['lead_us']:8.2f}")
+    lines.append(f"  {'kernel':40} {'n':>4} {'charge us':>10} {'busy us':>8} {'lead us':>8}")
+    for name, k in sorted(res["kernels"].items(), key=lambda kv: -kv[1]["charge_us"]):
+        lines.append(f"  {name[:40]:40} {k['launches']:4d} {k['charge_us']:10.1f} "
+                     f"{k['busy_us']:8.1f} {k['lead_us']:8.2f}")
     return "\n".join(lines)
 
 
@@ -191,10 +199,6 @@ def main() -> None:
         plain = time_fn(run, pack.device, 30, warmup=3)["median_s"]
         res = summarize(split_steps(trace(run, a.replays), a.replays), pack.cfg.num_hidden_layers)
         ideal = {k: b / bw * 1e6 for k, b in kind_bytes(pack.cfg, ctx, pack.dtype).items()}
-        for kind, n in launches(pack.cfg).items():
-            got = res["kinds"].get(kind, {}).get("launches", 0)
-            if got != n:
-                log(f"ctx {ctx}: {kind} has {got} launches a step, not the default's {n}")
         print(table(ctx, plain, res, ideal), flush=True)
         rows.append(dict(context=ctx, step_s=plain, bytes_us=ideal, **res))
         del graphs, arena

@@ -87,3 +87,9 @@ def test_summary_takes_the_median_step():
     assert res["span_us"] == pytest.approx(T.charge_step(steps[1], T.label_step(names, 1))[0])
     assert res["kinds"]["qkv"]["launches"] == 1
     assert res["kinds"]["qkv"]["lead_us"] == pytest.approx(2.0)
+    # by kernel name: the attention's two kernels apart, the four GEMMs of a layer together
+    assert res["kernels"]["_decode_reduce_kernel"]["launches"] == 1
+    assert res["kernels"]["_skinny_kernel"]["launches"] == 5
+    assert (res["kernels"]["_decode_split_kernel"]["charge_us"]
+            + res["kernels"]["_decode_reduce_kernel"]["charge_us"]
+            == pytest.approx(res["kinds"]["attention"]["charge_us"]))
