@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import math
 import os
 
 import pytest
@@ -435,23 +434,6 @@ def test_block_k_knobs_move_the_plain_gemms_of_their_batches(monkeypatch, block_
             qkv=(width, 2), o_proj=(width, 4), down=(width, 4))
     assert S.default_config(9728, 2560, True, False, 132, m=m).block_k == 128
     assert S.default_config(151936, 2560, False, False, 132, m=m).block_k == 256
-
-
-@pytest.mark.parametrize("target,splits", [(1, dict(qkv=1, o_proj=2, down=2)),
-                                            (2, dict(qkv=2, o_proj=4, down=4)),
-                                            (4, dict(qkv=4, o_proj=8, down=8))])
-def test_split_target_sets_how_many_parts_the_consumers_read(monkeypatch, target, splits):
-    """OPENINFER_SKINNY_SPLIT_TARGET: K is split until the GEMM has that many programs an
-    SM (at most 8 splits), so the norm and the attention read that many fewer or more
-    parts; a 4B at batch 1 and 132 SMs. The gated GEMM and the LM head never split."""
-    monkeypatch.setattr(S, "SPLIT_TARGET", target)
-    shapes = dict(qkv=(6144, 2560), o_proj=(2560, 4096), down=(2560, 9728))
-    got = {name: S.default_config(n, k, False, True, 132, m=1) for name, (n, k) in shapes.items()}
-    assert {name: c.split_k for name, c in got.items()} == splits
-    for name, c in got.items():         # the target is met (at most 8 splits here)
-        assert math.prod(c.grid(shapes[name][0])) >= target * 132, name
-    assert S.default_config(9728, 2560, True, False, 132, m=1).split_k == 1
-    assert S.default_config(151936, 2560, False, False, 132, m=1).split_k == 1
 
 
 @pytest.mark.parametrize("pre", [1, 3])

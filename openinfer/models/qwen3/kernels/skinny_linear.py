@@ -106,16 +106,6 @@ EVEN_SPLITS = env_choice("OPENINFER_SKINNY_EVEN_SPLITS", 0, (0, 1),
                          "1: split K in 128-column units, not whole tiles")
 require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
         "0 with OPENINFER_SKINNY_TMA=1 (a TMA box cannot be masked, so splits are whole tiles)")
-# Programs an SM that split-K aims for: K is split (in powers of two, at most 8) until the
-# GEMM has this many programs per SM. A consumer of split-K parts (the residual-add +
-# RMSNorm, the attention's q/k norm + RoPE) reads every part from L2 after its PDL wait, on
-# the step's critical path: a 4B's batch-1 norm reads 4 fp32 parts of 2,560 (40 KB) with
-# one program. 1 halves that (o_proj and down 2 splits, QKV none) at the cost of fewer
-# programs, and so fewer bytes in flight, in the GEMMs; on an H100
-# (results/gpu/dec07_timeline_h100/) the norms are 3 us a launch beyond their bytes and the
-# GEMMs near theirs. Not yet measured; 2 is the tree's choice since 12-03.
-SPLIT_TARGET = env_choice("OPENINFER_SKINNY_SPLIT_TARGET", 2, (1, 2, 3, 4),
-                          "programs an SM that split-K aims for")
 # K is split in steps of this many columns whatever the tile width when choosing how many
 # splits K gets, so a tile knob changes the tile alone (at 256, smaller models would
 # otherwise take half the splits at batch 1); with EVEN_SPLITS also where they end.
@@ -285,9 +275,9 @@ def tma_fits(w: torch.Tensor) -> bool:
 
 def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int, *, m: int,
                    tma: bool = False) -> SkinnyConfig:
-    """32-row tiles; split K until there are >= SPLIT_TARGET (2) programs per SM (QKV: 2
-    splits, o_proj and down_proj of a 4B: 4) where the consumer takes parts; a gated
-    product cannot split (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
+    """32-row tiles; split K until there are >= 2 programs per SM (QKV: 2 splits, o_proj
+    and down_proj of a 4B: 4) where the consumer takes parts; a gated product cannot split
+    (its epilogue is nonlinear). The LM head (N ~ 152k) takes wider tiles. Chosen from a
     sweep on an H200 (``scripts/device_decode_bench.py --sweep``). With ``BALANCE`` a
     program owns ``balanced_rows`` of its tile's rows, so that every SM gets as many;
     ``tma`` (a weight that ``tma_fits``) reads W by TMA, each program its whole tile.
@@ -300,8 +290,7 @@ def default_config(n: int, k: int, gated: bool, may_split: bool, sms: int, *, m:
     blocks = triton.cdiv(n, block_n)
     split = 1
     if may_split and not gated:
-        while (blocks * split < SPLIT_TARGET * sms and split < 8
-               and k // (2 * split) >= 2 * _SPLIT_UNIT):
+        while blocks * split < 2 * sms and split < 8 and k // (2 * split) >= 2 * _SPLIT_UNIT:
             split *= 2
     return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split,
                         num_stages=STAGES_GATED if gated else STAGES,
