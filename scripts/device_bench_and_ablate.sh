@@ -40,6 +40,6 @@ if [ "$ablate" = 1 ]; then
   tail -22 "$OUT/ablation.log"
   timeout "${TIMELINE_TIMEOUT:-60}" python3 scripts/decode_timeline.py --out "$WORK/tl" > "$OUT/timeline.log" 2>&1
   cp "$WORK/tl/timeline.json" "$OUT/" 2>/dev/null
-  tail -24 "$OUT/timeline.log"
+  grep -v -i "warn" "$OUT/timeline.log" | tail -36
 fi
 clocks_stop "$WORK/clocks.csv" "$OUT/nvidia-smi.txt"

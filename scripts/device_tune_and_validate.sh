@@ -7,8 +7,8 @@
 # ABLATE=1 also runs scripts/decode_ablation.py and scripts/decode_timeline.py after the
 # bench (where the bs1 step's time goes; about 20 s each, cut at 75 and 45 s so that the
 # worst case stays inside a 600 s device call: bench 240 + 75 + 45 + validate 220), before
-# validate. The re-run of a winning variant
-# (120 s more) only comes when the bench finished early enough to leave room for it.
+# validate. The re-run of a winning variant (120 s more) only comes when the bench
+# finished early enough to leave room for it.
 #
 #   [PICK_BATCHES=B[,B...]] [ABLATE=0|1] scripts/device_tune_and_validate.sh LABEL:VAR=VALUE[,VAR=VALUE...] ...
 #
@@ -21,7 +21,7 @@ R=/tmp/tune; rm -rf $R; mkdir -p $R
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
 # the bench half (and with ABLATE=1 the ablation) is the measuring-only script's
 OUT=$R WORK=$R ABLATE=${ABLATE:-0} ABLATE_TIMEOUT=75 TIMELINE_TIMEOUT=45 BENCH_TIMEOUT=240 \
-  bash scripts/device_bench_and_ablate.sh "$@" | tail -94
+  bash scripts/device_bench_and_ablate.sh "$@" | tail -110
 cp $R/nvidia-smi.txt $R/decode_bench.json $R/ablation.json $R/ablation.log $R/timeline.log "$OUT/" 2>/dev/null
 OUT=$R/val timeout 220 bash scripts/device_validate.sh 2>&1 | tail -16
 cp $R/val/validate.json "$OUT/" 2>/dev/null
