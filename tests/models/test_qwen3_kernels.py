@@ -241,25 +241,6 @@ def test_fused_merge_knob_takes_launches_of_few_splits(device, monkeypatch):
         assert (out - ref).abs().max().item() <= FP32_ATOL
 
 
-@pytest.mark.parametrize("trigger", [0, 1, 2])
-def test_fused_merge_trigger_knob_reaches_only_merging_launches(device, monkeypatch, trigger):
-    """OPENINFER_DECODE_FUSED_TRIGGER moves when a merging split kernel lets the next
-    kernel launch; a launch with a reduce kernel keeps the trigger at its wait (0). The
-    output is the reference's either way (the trigger orders nothing the kernel reads)."""
-    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
-    launches = _record_launches(monkeypatch, mod, "_decode_split_kernel")
-    monkeypatch.setattr(mod, "FUSED_REDUCE_SPLITS", 2)
-    monkeypatch.setattr(mod, "FUSED_TRIGGER", trigger)
-    arena = _arena(device, 4, num_pages=48)
-    bt, lens, qloc, B = _paged_batch([(20, 1), (9, 1)], 4, arena.num_pages, device)
-    q = torch.randn(B, HQ, D, device=device)
-    ref = R.paged_attention(q, arena.k(0), arena.v(0), bt, lens, qloc, 0.25)
-    for splits in (2, 3):
-        out = K.decode_attention(q, arena.k(0), arena.v(0), bt, lens, 0.25, num_splits=splits)
-        assert (out - ref).abs().max().item() <= FP32_ATOL
-    assert [kw["TRIGGER_AT"] for _, kw in launches] == [trigger, 0]
-
-
 def test_arrival_counters_grow_and_keep_the_old_buffer(device, monkeypatch):
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
     monkeypatch.setattr(mod, "_ARRIVALS", {})

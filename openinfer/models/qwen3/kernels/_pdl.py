@@ -22,19 +22,9 @@ from openinfer.models.qwen3.kernels._interpret import INTERPRET
 
 
 @triton.jit
-def pdl_wait(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
-    """Wait for the kernel before; with ``TRIGGER`` (the default) also let the next one
-    launch now. A kernel that triggers later calls ``pdl_trigger`` itself (or lets its
-    exit do it)."""
+def pdl_wait(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
-        if TRIGGER:
-            tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_trigger(PDL: tl.constexpr):
-    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 

@@ -34,7 +34,7 @@ import triton.language as tl
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._paged_tile import attend_row, attend_tile, kv_tile
 from openinfer.models.qwen3.kernels._parts import load_parts
-from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_trigger, pdl_wait
+from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels._tuning import env_choice
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 from openinfer.models.qwen3.kernels.qkv_rope import norm_rope_heads
@@ -88,14 +88,6 @@ WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 
 FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 0,
                                  (0, 2, 4, 8, 16, 33, 64),
                                  "most splits the last split program merges (0: never)")
-# When a split kernel that merges its own splits lets the next kernel (o_proj) launch: 0
-# right after its PDL wait, as every kernel does; 1 once its partials are stored; 2 at its
-# exit. On an H100 (results/gpu/dec07_split_target_h100/) the fused kernel took 6-9 us a
-# layer more than split + reduce, while o_proj's programs started 12.5-15.5 us before it
-# ended: o_proj's programs, taking the slots of finished split programs and reading their
-# pre-wait weight tiles, may slow the last programs' merge. 1 and 2 test that.
-FUSED_TRIGGER = env_choice("OPENINFER_DECODE_FUSED_TRIGGER", 0, (0, 1, 2),
-                           "when a merging split kernel lets the next kernel launch")
 
 
 @triton.jit
@@ -115,7 +107,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
                          HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
                          AHEAD: tl.constexpr, arrivals_ptr, FUSED: tl.constexpr,
-                         BLOCK_S: tl.constexpr, TRIGGER_AT: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -155,7 +147,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
         slot = tl.load(slot_ptr + b)
         c = tl.load(cos_ptr + pos * s_c + tl.arange(0, HALF))[None, :].to(tl.float32)
         s = tl.load(sin_ptr + pos * s_c + tl.arange(0, HALF))[None, :].to(tl.float32)
-        pdl_wait(PDL, TRIGGER_AT == 0)
+        pdl_wait(PDL)
         row = q_ptr + b * s_qt
         q1, q2 = norm_rope_heads(row + heads[:, None] * HEAD_DIM, s_qs, qw_ptr, c, s, eps,
                                  g_mask[:, None], NUM_PARTS, HALF, dt)
@@ -181,7 +173,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
             k_new, v_new, _ = kv_tile(kc_ptr, vc_ptr, bt_row, last, last + 1, -1, kvh, s_kp,
                                       s_ko, s_kh, s_vp, s_vo, s_vh, offs_d, d_mask, PAGE, 1)
     else:
-        pdl_wait(PDL, TRIGGER_AT == 0)
+        pdl_wait(PDL)
         q = tl.load(q_ptr + b * s_qt + heads[:, None] * s_qh + offs_d[None, :],
                     mask=g_mask[:, None] & d_mask[None, :], other=0.0)
         k_new, v_new, _ = kv_tile(kc_ptr, vc_ptr, bt_row, last, last + 1, -1, kvh, s_kp, s_ko,
@@ -212,8 +204,6 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                  out, mask=mask)
         tl.store(lse_ptr + b * s_lb + heads * s_lh + split, lse, mask=g_mask)
         if FUSED:
-            if TRIGGER_AT == 1:
-                pdl_trigger(PDL)
             # Every thread's partial is stored (barrier) before one thread's acq_rel
             # arrival releases them at GPU scope; the program that arrives last acquires
             # all the others' and merges the group's heads. It resets the counter, which
@@ -386,7 +376,6 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
         AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=bool(fused), BLOCK_S=block_s,
-        TRIGGER_AT=FUSED_TRIGGER if fused else 0,
         num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1 and not fused:
         _decode_reduce_kernel[(B, Hq)](
