@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from device_decode_bench import bs1_graph, random_pack, token_count  # noqa: E402
+from device_decode_bench import bs1_graph, random_pack, require_cuda, token_count  # noqa: E402
 
 KINDS = ("attention", "norms", "qkv", "o_proj", "gate_up", "down", "lm_head")
 
@@ -144,6 +144,7 @@ def main() -> None:
                     help="capture for this many tokens (default: the longest context); it "
                          "fixes the attention's split count, as max_context_tokens does")
     a = ap.parse_args()
+    require_cuda("decode_ablation.py")
     import torch
     from experiments.validate.bench import copy_bandwidth
     out = Path(a.out)

@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's wall time goes, read from its kernels' own timestamps.
 
     PYTHONPATH=$PWD python3 scripts/decode_timeline.py --out $OUT/timeline [--contexts 1024,4096]
-        [--replays 20] [--graph-context TOKENS]
+        [--replays 20] [--graph-context TOKENS] [--variant LABEL:VAR=VALUE[,VAR=VALUE...] ...]
 
 ``decode_ablation.py`` prices a kind of kernel by removing it and timing the step again,
 which changes the chain it measures. This reads the unchanged step instead, from a CUPTI
@@ -19,6 +19,11 @@ timed without the profiler; read the charges as shares of the step, not as absol
 times, when the two differ by more than a few percent. GPU only. Writes
 ``timeline.json`` and prints, per context, the charges by kind (next to the kind's bytes)
 and by kernel name (the attention's split and reduce kernels apart).
+
+With ``--variant`` (repeatable; launch knobs are read at import) the defaults and each
+variant are traced in fresh processes one after another, each into ``OUT/LABEL/``; then
+``timelines.json`` holds them all and a table sets each variant's step and charges by kind
+beside the defaults': where a knob's gain or loss sits in the chain.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from decode_ablation import KINDS, kind_bytes  # noqa: E402
-from device_decode_bench import bs1_graph, random_pack, token_count  # noqa: E402
+from device_decode_bench import (bs1_graph, parse_variant, random_pack, require_cuda,  # noqa: E402
+                                 run_child, token_count)
 
 #: The order of a decoder layer's GEMMs in the step (``Qwen3Model``'s layer loop); the
 #: step's last GEMM is the LM head.
@@ -169,6 +175,51 @@ def table(ctx: int, plain_s: float, res: dict[str, Any], ideal_us: dict[str, flo
     return "\n".join(lines)
 
 
+def compare(runs: dict[str, dict[str, Any]]) -> str:
+    """Per context, each run's step (timed without the profiler) and its charges by kind,
+    as differences from the first run's (the defaults')."""
+    base_label = next(iter(runs))
+    lines = []
+    for i, base in enumerate(runs[base_label]["rows"]):
+        lines.append(f"context {base['context']}: step ms, and charge by kind against "
+                     f"{base_label} (us)")
+        lines.append(f"  {'label':12} {'step ms':>8} {'vs':>7} "
+                     + " ".join(f"{k:>9}" for k in (*KINDS, "other")))
+        for label, run in runs.items():
+            row = run["rows"][i]
+            change = row["step_s"] / base["step_s"] - 1
+            cells = []
+            for k in (*KINDS, "other"):
+                mine, theirs = row["kinds"].get(k), base["kinds"].get(k)
+                cells.append(f"{'-':>9}" if mine is None or theirs is None else
+                             f"{mine['charge_us'] - theirs['charge_us']:+9.1f}")
+            lines.append(f"  {label[:12]:12} {row['step_s'] * 1e3:8.3f} {change:+7.1%} "
+                         + " ".join(cells))
+    return "\n".join(lines)
+
+
+def run_variants(a: argparse.Namespace, out: Path) -> None:
+    """The defaults and each ``--variant``, each traced by a fresh process of this script."""
+    variants = [("defaults", {})] + [parse_variant(v) for v in a.variant]
+    labels = [label for label, _ in variants]
+    if len(set(labels)) < len(labels):
+        sys.exit(f"--variant labels must differ from each other and from 'defaults': {labels}")
+    runs, rc = {}, {}
+    for label, env in variants:
+        args = ["--out", str(out / label), "--contexts", a.contexts, "--replays",
+                str(a.replays), "--graph-context", str(a.graph_context)]
+        rc[label] = run_child(args, str(ROOT), a.child_timeout, script=__file__, **env)
+        done = out / label / "timeline.json"
+        if rc[label] == 0 and done.exists():
+            runs[label] = json.loads(done.read_text())
+        else:
+            log(f"{label}: no timeline (rc {rc[label]})")
+    (out / "timelines.json").write_text(json.dumps(dict(
+        rc=rc, variants=dict(variants), runs=runs), indent=1))
+    if "defaults" in runs:
+        print(compare(runs), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/tmp/timeline")
@@ -177,9 +228,17 @@ def main() -> None:
     ap.add_argument("--graph-context", type=token_count, default=0, metavar="TOKENS",
                     help="capture for this many tokens (default: the longest context); it "
                          "fixes the attention's split count, as max_context_tokens does")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:VAR=VALUE[,...]",
+                    help="also trace the step with these environment settings (launch knobs), "
+                         "in a fresh process beside the defaults' (repeatable)")
+    ap.add_argument("--child-timeout", type=float, default=60,
+                    help="seconds each process of --variant may take")
     a = ap.parse_args()
     if a.replays < 1:
         ap.error("--replays must be at least 1")
+    require_cuda("decode_timeline.py")
+    if a.variant:
+        return run_variants(a, Path(a.out))
     import torch
     from experiments.validate.bench import copy_bandwidth
     from experiments.validate.common import time_fn

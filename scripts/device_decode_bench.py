@@ -44,6 +44,15 @@ def log(msg: str) -> None:
     print(f"[decode-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def require_cuda(script: str) -> None:
+    """Exit with a line saying so where no CUDA GPU is visible: the GPU tools capture CUDA
+    graphs, and would otherwise fail deep inside torch."""
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} measures CUDA-graph decode steps: it needs a CUDA GPU, and none "
+                 "is visible here (run it on the GPU machine, e.g. through a scripts/device_*.sh)")
+
+
 # -- worker side --------------------------------------------------------------------------------
 def random_pack(size: str, seed: int = 0) -> SimpleNamespace:
     import torch
@@ -387,10 +396,13 @@ def sweep_worker(out: Path) -> None:
 
 
 # -- driver ---------------------------------------------------------------------------------------
-def run_child(args: list[str], pythonpath: str, timeout: float, **env_extra: str) -> int:
+def run_child(args: list[str], pythonpath: str, timeout: float, script: str = __file__,
+              **env_extra: str) -> int:
+    """``script`` (this one by default) with ``args`` in a fresh process, ``env_extra`` set:
+    a launch knob is read at import, so each setting needs a process of its own."""
     env = dict(os.environ, PYTHONPATH=pythonpath, PYTHONUNBUFFERED="1", **env_extra)
     try:
-        return subprocess.run([sys.executable, __file__, *args], env=env, timeout=timeout).returncode
+        return subprocess.run([sys.executable, script, *args], env=env, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         log(f"child {args} timed out after {timeout} s")
         return 124

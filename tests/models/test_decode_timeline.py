@@ -7,12 +7,17 @@ a PDL chain lays them out: each kernel starts before the one before it ends.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
 import decode_timeline as T  # noqa: E402
 
 LAYER = ["_skinny_kernel", "_decode_split_kernel", "_decode_reduce_kernel", "_skinny_kernel",
@@ -93,3 +98,63 @@ def test_summary_takes_the_median_step():
     assert (res["kernels"]["_decode_split_kernel"]["charge_us"]
             + res["kernels"]["_decode_reduce_kernel"]["charge_us"]
             == pytest.approx(res["kinds"]["attention"]["charge_us"]))
+
+
+def _run(kinds: dict[str, float], step_s: float, context: int = 1024) -> dict:
+    return dict(rows=[dict(context=context, step_s=step_s,
+                           kinds={k: dict(charge_us=v) for k, v in kinds.items()})])
+
+
+def test_variants_are_compared_with_the_defaults_kind_by_kind():
+    runs = dict(defaults=_run(dict(attention=350.0, norms=220.0), 3.3e-3),
+                fused=_run(dict(attention=670.0, norms=213.0), 3.6e-3))
+    table = T.compare(runs)
+    fused = next(line for line in table.splitlines() if line.strip().startswith("fused"))
+    assert "3.600" in fused and "+9.1%" in fused
+    assert "+320.0" in fused and "-7.0" in fused
+    assert fused.split()[-1] == "-"             # a kind neither run has is not invented
+    assert "against defaults" in table
+
+
+@pytest.mark.parametrize("variant,says", [("nolabel", "LABEL:VAR=VALUE"),
+                                          ("defaults:X=1", "must differ")])
+def test_a_bad_variant_is_refused_before_any_run(tmp_path, variant, says):
+    args = SimpleNamespace(variant=[variant], contexts="1024", replays=1, graph_context=0,
+                           child_timeout=1)
+    with pytest.raises(SystemExit, match=says):
+        T.run_variants(args, tmp_path)
+    assert not (tmp_path / "timelines.json").exists()
+
+
+def test_variants_whose_runs_fail_are_reported_not_hidden(tmp_path, monkeypatch, capsys):
+    """Each label runs in a process of its own with its knobs set; one that fails is named,
+    the others still compared, and the summary keeps every exit status."""
+    calls = []
+
+    def fake_child(args, pythonpath, timeout, script, **env):
+        out = Path(args[args.index("--out") + 1])
+        calls.append((out.name, env))
+        if env:                                          # the variant's process fails
+            return 1
+        out.mkdir(parents=True)
+        (out / "timeline.json").write_text(json.dumps(_run(dict(norms=200.0), 3e-3)))
+        return 0
+
+    monkeypatch.setattr(T, "run_child", fake_child)
+    args = SimpleNamespace(variant=["v:OPENINFER_NORM_WARPS=8"], contexts="1024", replays=1,
+                           graph_context=0, child_timeout=1)
+    T.run_variants(args, tmp_path)
+    assert calls == [("defaults", {}), ("v", {"OPENINFER_NORM_WARPS": "8"})]
+    summary = json.loads((tmp_path / "timelines.json").read_text())
+    assert summary["rc"] == {"defaults": 0, "v": 1} and list(summary["runs"]) == ["defaults"]
+    printed = capsys.readouterr().out
+    assert "v: no timeline (rc 1)" in printed and "defaults" in printed
+
+
+@pytest.mark.parametrize("script", ["decode_timeline.py", "decode_ablation.py"])
+def test_the_gpu_tools_say_they_need_a_gpu(tmp_path, script):
+    out = subprocess.run([sys.executable, str(SCRIPTS / script), "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode != 0
+    assert "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr
