@@ -204,6 +204,7 @@ def run_variants(a: argparse.Namespace, out: Path) -> None:
     labels = [label for label, _ in variants]
     if len(set(labels)) < len(labels):
         sys.exit(f"--variant labels must differ from each other and from 'defaults': {labels}")
+    out.mkdir(parents=True, exist_ok=True)
     runs, rc = {}, {}
     for label, env in variants:
         args = ["--out", str(out / label), "--contexts", a.contexts, "--replays",
@@ -220,10 +221,22 @@ def run_variants(a: argparse.Namespace, out: Path) -> None:
         print(compare(runs), flush=True)
 
 
+def context_list(text: str) -> str:
+    """The argparse type of ``--contexts``: comma-separated token counts of at least 1."""
+    try:
+        ok = all(int(x) >= 1 for x in text.split(","))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text!r}: want token counts >= 1, e.g. 1024,4096")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/tmp/timeline")
-    ap.add_argument("--contexts", default="1024,4096")
+    ap.add_argument("--contexts", type=context_list, default="1024,4096",
+                    help="cached tokens of the traced steps, comma-separated")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--graph-context", type=token_count, default=0, metavar="TOKENS",
                     help="capture for this many tokens (default: the longest context); it "

@@ -158,3 +158,15 @@ def test_the_gpu_tools_say_they_need_a_gpu(tmp_path, script):
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert out.returncode != 0
     assert "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("text", ["1024,4096", "7"])
+def test_contexts_take_token_counts(text):
+    assert T.context_list(text) == text
+
+
+@pytest.mark.parametrize("text", ["", "1k", "1024,0", "1024,,4096"])
+def test_bad_contexts_are_refused_with_an_example(text):
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError, match="e.g. 1024,4096"):
+        T.context_list(text)
