@@ -195,6 +195,23 @@ def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_spl
             torch.testing.assert_close(out, want, atol=FP32_ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("group", [1, 3])
+def test_fused_merge_of_a_group_that_is_not_a_power_of_two(device, monkeypatch, group):
+    """The last split program merges its kv head's query heads all at once, padded to a
+    power of two: with 3 heads a group (a padding head beside them, masked out) and with
+    1, the output is the reduce kernel's, finite, and the interpreter sees no NaN."""
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    _poison_empty(monkeypatch, mod)
+    arena = _arena(device, 4, num_pages=48)
+    bt, lens, qloc, B = _paged_batch([(40, 1), (13, 1)], 4, arena.num_pages, device)
+    q = torch.randn(B, group * HK, D, device=device)
+    run = functools.partial(K.decode_attention, q, arena.k(0), arena.v(0), bt, lens, 0.25,
+                            num_splits=5, block_n=16)
+    got, want = run(fused_reduce=True), run(fused_reduce=False)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=FP32_ATOL, rtol=0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
                     reason="races need programs that really run at once (a GPU)")
 @pytest.mark.parametrize("num_splits", [2, 33])

@@ -84,7 +84,12 @@ WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 
 # (results/gpu/dec07_fused_h100/), merging every launch's splits so cost batch 1 (33 splits)
 # 6.5-9.3%: one program reads 33 partials of 4 heads after everyone else is done, where
 # the reduce kernel spreads them over 32 programs. Batch 8 (8 splits) +0.8-0.9%, batch 32
-# (2 splits) -0.8% at 1k and -1.2% at 4k. Off (0) until an H200 says 2 pays there too.
+# (2 splits) -0.8% at 1k and -1.2% at 4k. Those runs merged the 4 heads one after another;
+# by the kernels' timestamps (results/gpu/dec07_fused_trigger_h100/) the merge itself was
+# the loss, 7-9 us a layer at 1k, and not o_proj's early programs. Since 12-07 the last
+# program reads all its heads' partials at once (``_merge_group_splits``: one L2 round trip;
+# 107 registers at batch 1, as unfused, so still one wave); not yet timed. Off (0) until a
+# GPU says it pays.
 FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 0,
                                  (0, 2, 4, 8, 16, 33, 64),
                                  "most splits the last split program merges (0: never)")
@@ -107,7 +112,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
                          HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
                          AHEAD: tl.constexpr, arrivals_ptr, FUSED: tl.constexpr,
-                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+                         MERGE_G: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -211,32 +216,60 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
             tl.debug_barrier()
             counter = arrivals_ptr + b * HK + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                for g in tl.static_range(GROUP):
-                    _merge_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP + g, s_pb, s_ph,
-                                  s_ps, s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, BLOCK_S,
-                                  BLOCK_D, ".cg")
+                _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP, s_pb, s_ph, s_ps,
+                                    s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, GROUP,
+                                    MERGE_G, BLOCK_S, BLOCK_D)
                 tl.store(counter, 0)
 
 
 @triton.jit
 def _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
                   HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """Head ``h`` of row ``b`` from its splits' (normalised output, log-sum-exp). The last
-    split program reads through L2 (``CACHE=".cg"``): the others' partials were written
-    from other SMs. The reduce kernel keeps plain loads (``""``)."""
+                  BLOCK_D: tl.constexpr):
+    """Head ``h`` of row ``b`` from its splits' (normalised output, log-sum-exp): a reduce
+    kernel's program."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=CACHE)
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"))
     w = tl.exp(lse - tl.max(lse, axis=0))          # split 0 is never empty: max is finite
     part = tl.load(part_ptr + b * s_pb + h * s_ph + offs_s[:, None] * s_ps + offs_d[None, :],
-                   mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0,
-                   cache_modifier=CACHE)
+                   mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
     tl.store(o_ptr + b * s_ot + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
+
+
+@triton.jit
+def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
+                        s_oh, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                        GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """``_merge_splits`` for the ``GROUP`` heads from ``h0`` at once (``HEADS``, a power of
+    two >= ``GROUP``), by the last split program of a kv head. Their loads go out together,
+    so the merge is one L2 round trip, not one per head: merged a head at a time, the four
+    heads of a 4B made the fused kernel 7-9 us a layer slower than split + reduce on an
+    H100 (results/gpu/dec07_fused_trigger_h100/). Reads go through L2 (``.cg``): the
+    partials were written from other SMs."""
+    offs_h = tl.arange(0, HEADS)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = h0 + offs_h
+    h_mask = offs_h < GROUP
+    s_mask = offs_s < NUM_SPLITS
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(lse_ptr + b * s_lb + heads[:, None] * s_lh + offs_s[None, :],
+                  mask=h_mask[:, None] & s_mask[None, :], other=float("-inf"),
+                  cache_modifier=".cg")
+    part = tl.load(part_ptr + b * s_pb + heads[:, None, None] * s_ph
+                   + offs_s[None, :, None] * s_ps + offs_d[None, None, :],
+                   mask=h_mask[:, None, None] & s_mask[None, :, None] & d_mask[None, None, :],
+                   other=0.0, cache_modifier=".cg")
+    lse = tl.where(h_mask[:, None], lse, 0.0)      # a padding head: finite, never stored
+    w = tl.exp(lse - tl.max(lse, axis=1)[:, None])  # split 0 is never empty: max is finite
+    out = tl.sum(w[:, :, None] * part, axis=1) / tl.sum(w, axis=1)[:, None]
+    tl.store(o_ptr + b * s_ot + heads[:, None] * s_oh + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -247,7 +280,7 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     h = tl.program_id(1)
     pdl_wait(PDL)
     _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
-                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, "")
+                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
 
 
 # Arrival counters of the fused merge, one buffer per device, all zero between launches.
@@ -375,7 +408,8 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, FROM_QKV=isinstance(q, QKVParts),
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
-        AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=bool(fused), BLOCK_S=block_s,
+        AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=bool(fused),
+        MERGE_G=triton.next_power_of_2(group), BLOCK_S=block_s,
         num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1 and not fused:
         _decode_reduce_kernel[(B, Hq)](
