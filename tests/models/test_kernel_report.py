@@ -129,3 +129,14 @@ def test_an_input_the_report_cannot_take_is_refused_in_one_line(args, named):
                          text=True, timeout=60)
     assert out.returncode == 2 and named in out.stderr and "Traceback" not in out.stderr
     assert out.stdout == ""                               # refused before the table starts
+
+
+@pytest.mark.parametrize("rows", ["1", "2"])
+def test_the_fused_merge_keeps_the_split_kernel_in_one_wave(rows):
+    """The fused merge holds a chunk of heads' partials in registers (``merge_chunk``): a
+    4B's split kernel must still not spill and must still run as one wave of programs, at
+    batch 1 (4 heads at once) and batch 2 (where 4 at once took two waves)."""
+    stdout = _run("--rows", rows, size="4b", OPENINFER_DECODE_FUSED_REDUCE_SPLITS="64")
+    table = _attention(stdout)
+    assert "reduce" not in table
+    assert table["split"]["spill"] == 0 and table["split"]["waves"] == 1

@@ -195,21 +195,39 @@ def test_fused_split_merge_equals_the_reduce_kernel(device, monkeypatch, num_spl
             torch.testing.assert_close(out, want, atol=FP32_ATOL, rtol=0)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")   # a NaN in the interpreter fails
+@pytest.mark.parametrize("chunk", [None, 1])
 @pytest.mark.parametrize("group", [1, 3])
-def test_fused_merge_of_a_group_that_is_not_a_power_of_two(device, monkeypatch, group):
-    """The last split program merges its kv head's query heads all at once, padded to a
-    power of two: with 3 heads a group (a padding head beside them, masked out) and with
-    1, the output is the reduce kernel's, finite, and the interpreter sees no NaN."""
+def test_fused_merge_of_a_group_that_is_not_a_power_of_two(device, monkeypatch, group, chunk):
+    """The last split program merges its kv head's query heads padded to a power of two,
+    all at once (``merge_chunk``'s choice) or a head at a time (chunk 1): with 3 heads a
+    group (a padding head beside them, masked out) and with 1, and a row whose splits are
+    all empty but one, the output is the reduce kernel's."""
     mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
     _poison_empty(monkeypatch, mod)
+    if chunk:
+        monkeypatch.setattr(mod, "merge_chunk", lambda *_: chunk)
     arena = _arena(device, 4, num_pages=48)
-    bt, lens, qloc, B = _paged_batch([(40, 1), (13, 1)], 4, arena.num_pages, device)
+    bt, lens, qloc, B = _paged_batch([(40, 1), (0, 1), (13, 1)], 4, arena.num_pages, device)
     q = torch.randn(B, group * HK, D, device=device)
     run = functools.partial(K.decode_attention, q, arena.k(0), arena.v(0), bt, lens, 0.25,
                             num_splits=5, block_n=16)
     got, want = run(fused_reduce=True), run(fused_reduce=False)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=FP32_ATOL, rtol=0)
+
+
+def test_merge_chunk_keeps_a_threads_partials_bounded():
+    """A 4B's group of 4 heads: all at once at batch 1 (8 warps, 33 splits padded to 64),
+    two at a time at batch 2 (4 warps, 32 splits), all at once at batch 4 (16 splits); a
+    group of 3 is padded to 4 and of 8 halved to fit."""
+    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    assert mod.merge_chunk(4, 64, 128, 8) == 4
+    assert mod.merge_chunk(4, 32, 128, 4) == 2
+    assert mod.merge_chunk(4, 16, 128, 4) == 4
+    assert mod.merge_chunk(3, 16, 128, 4) == 4
+    assert mod.merge_chunk(8, 64, 128, 8) == 4
+    assert mod.merge_chunk(1, 64, 128, 4) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,

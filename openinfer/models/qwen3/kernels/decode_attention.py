@@ -112,7 +112,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
                          HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
                          AHEAD: tl.constexpr, arrivals_ptr, FUSED: tl.constexpr,
-                         MERGE_G: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+                         MERGE_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -218,7 +219,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
             if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
                 _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP, s_pb, s_ph, s_ps,
                                     s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, GROUP,
-                                    MERGE_G, BLOCK_S, BLOCK_D)
+                                    MERGE_G, MERGE_CHUNK, BLOCK_S, BLOCK_D)
                 tl.store(counter, 0)
 
 
@@ -243,33 +244,35 @@ def _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, 
 @triton.jit
 def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
                         s_oh, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                        GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
-    """``_merge_splits`` for the ``GROUP`` heads from ``h0`` at once (``HEADS``, a power of
-    two >= ``GROUP``), by the last split program of a kv head. Their loads go out together,
-    so the merge is one L2 round trip, not one per head: merged a head at a time, the four
-    heads of a 4B made the fused kernel 7-9 us a layer slower than split + reduce on an
-    H100 (results/gpu/dec07_fused_trigger_h100/). Reads go through L2 (``.cg``): the
-    partials were written from other SMs."""
-    offs_h = tl.arange(0, HEADS)
+                        GROUP: tl.constexpr, HEADS: tl.constexpr, CHUNK: tl.constexpr,
+                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``_merge_splits`` for the ``GROUP`` heads from ``h0`` (``HEADS``, a power of two >=
+    ``GROUP``), by the last split program of a kv head, ``CHUNK`` heads at a time: their
+    loads go out together, so the merge takes ``HEADS / CHUNK`` L2 round trips, not one per
+    head. Merged a head at a time, the four heads of a 4B made the fused kernel 7-9 us a
+    layer slower than split + reduce on an H100 (results/gpu/dec07_fused_trigger_h100/).
+    ``CHUNK`` (``merge_chunk``) keeps the partials of a chunk from costing the kernel
+    registers. Reads go through L2 (``.cg``): the partials were written from other SMs."""
+    offs_c = tl.arange(0, CHUNK)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    heads = h0 + offs_h
-    h_mask = offs_h < GROUP
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(lse_ptr + b * s_lb + heads[:, None] * s_lh + offs_s[None, :],
-                  mask=h_mask[:, None] & s_mask[None, :], other=float("-inf"),
-                  cache_modifier=".cg")
-    part = tl.load(part_ptr + b * s_pb + heads[:, None, None] * s_ph
-                   + offs_s[None, :, None] * s_ps + offs_d[None, None, :],
-                   mask=h_mask[:, None, None] & s_mask[None, :, None] & d_mask[None, None, :],
-                   other=0.0, cache_modifier=".cg")
-    lse = tl.where(h_mask[:, None], lse, 0.0)      # a padding head: finite, never stored
-    w = tl.exp(lse - tl.max(lse, axis=1)[:, None])  # split 0 is never empty: max is finite
-    out = tl.sum(w[:, :, None] * part, axis=1) / tl.sum(w, axis=1)[:, None]
-    tl.store(o_ptr + b * s_ot + heads[:, None] * s_oh + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+    for c0 in tl.static_range(0, HEADS, CHUNK):
+        heads = h0 + c0 + offs_c
+        h_mask = c0 + offs_c < GROUP
+        lse = tl.load(lse_ptr + b * s_lb + heads[:, None] * s_lh + offs_s[None, :],
+                      mask=h_mask[:, None] & s_mask[None, :], other=float("-inf"),
+                      cache_modifier=".cg")
+        part = tl.load(part_ptr + b * s_pb + heads[:, None, None] * s_ph
+                       + offs_s[None, :, None] * s_ps + offs_d[None, None, :],
+                       mask=h_mask[:, None, None] & s_mask[None, :, None]
+                       & d_mask[None, None, :], other=0.0, cache_modifier=".cg")
+        lse = tl.where(h_mask[:, None], lse, 0.0)   # a padding head: finite, never stored
+        w = tl.exp(lse - tl.max(lse, axis=1)[:, None])  # split 0 is never empty
+        out = tl.sum(w[:, :, None] * part, axis=1) / tl.sum(w, axis=1)[:, None]
+        tl.store(o_ptr + b * s_ot + heads[:, None] * s_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -306,6 +309,20 @@ def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
                 " OPENINFER_DECODE_FUSED_REDUCE_SPLITS=0")
         held.append(torch.zeros(max(count, _MIN_ARRIVALS), dtype=torch.int32, device=device))
     return held[-1]
+
+
+def merge_chunk(group: int, block_s: int, block_d: int, num_warps: int) -> int:
+    """Heads the fused merge reads at once: all of a kv head's (padded to a power of two),
+    halved while a thread would hold more than 16 fp32 partials per warp of the program.
+    That bound is fitted to what ptxas makes of the split kernel for sm_90 (triton 3.6.0,
+    ``scripts/kernel_report.py``): a 4B's batch 1 (8 warps, 64 x 128 partials a head) takes
+    4 heads at once in 107 registers, as unfused; its batch 2 (4 warps, 32 x 128) took 150
+    registers with 4, two waves of programs instead of one, and takes 119 with 2 (one
+    wave)."""
+    chunk = triton.next_power_of_2(group)
+    while chunk > 1 and chunk * block_s * block_d > 16 * num_warps * 32 * num_warps:
+        chunk //= 2
+    return chunk
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_context: int,
@@ -409,7 +426,8 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
         AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=bool(fused),
-        MERGE_G=triton.next_power_of_2(group), BLOCK_S=block_s,
+        MERGE_G=triton.next_power_of_2(group),
+        MERGE_CHUNK=merge_chunk(group, block_s, block_d, num_warps), BLOCK_S=block_s,
         num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1 and not fused:
         _decode_reduce_kernel[(B, Hq)](
