@@ -78,22 +78,35 @@ def kind_of(name: str) -> str | None:
         return None
     if "rms_norm" in name:
         return "norms"
-    if "decode_split" in name or "decode_reduce" in name:
-        return "attention"
+    if "decode_split" in name or "decode_reduce" in name or "qkv_rope" in name:
+        return "attention"          # q/k norm + RoPE + KV write too, as the ablation's stub
     return "other"
+
+
+#: What the kernel right after a GEMM must be, in the layer's order: the attention reads
+#: QKV's parts, the norm adds o_proj's and down's, and down reads gate_up's product.
+FOLLOWED_BY = dict(qkv="attention", o_proj="norms", gate_up="down", down="norms")
 
 
 def label_step(names: list[str], layers: int) -> list[str]:
     """Each kernel's kind. GEMMs share one kernel, so they are told apart by their order:
-    ``LAYER_GEMMS`` for every layer, then the LM head."""
+    ``LAYER_GEMMS`` for every layer, then the LM head; a step whose GEMM count or whose
+    kernel after a GEMM does not fit that order is refused rather than mislabelled."""
     gemms = [i for i, n in enumerate(names) if kind_of(n) is None]
+    order_changed = (f"the layer's op order changed; update LAYER_GEMMS and FOLLOWED_BY "
+                     f"in {Path(__file__).name}")
     if len(gemms) != len(LAYER_GEMMS) * layers + 1:
         raise ValueError(f"a step has {len(gemms)} GEMM launches, expected "
-                         f"{len(LAYER_GEMMS) * layers + 1} for {layers} layers: the layer's "
-                         f"op order changed; update LAYER_GEMMS")
+                         f"{len(LAYER_GEMMS) * layers + 1} for {layers} layers: {order_changed}")
     kinds = [kind_of(n) or "" for n in names]
     for ordinal, i in enumerate(gemms):
-        kinds[i] = "lm_head" if ordinal == len(gemms) - 1 else LAYER_GEMMS[ordinal % 4]
+        kinds[i] = ("lm_head" if ordinal == len(gemms) - 1
+                    else LAYER_GEMMS[ordinal % len(LAYER_GEMMS)])
+    for i in gemms[:-1]:
+        nxt = kinds[i + 1] if i + 1 < len(kinds) else None
+        if nxt != FOLLOWED_BY[kinds[i]]:
+            raise ValueError(f"kernel {i} ({kinds[i]}) is followed by {nxt}, not "
+                             f"{FOLLOWED_BY[kinds[i]]}: {order_changed}")
     return kinds
 
 
@@ -134,7 +147,11 @@ def _medians(per_step: list[dict[str, KindCharge]]) -> dict[str, dict[str, float
 
 def summarize(steps: list[list[Kernel]], layers: int) -> dict[str, Any]:
     """Median span and, per kind and per kernel name, the median of each step's charges."""
-    kinds = label_step([k.name for k in steps[0]], layers)
+    names = [k.name for k in steps[0]]
+    if any([k.name for k in step] != names for step in steps[1:]):
+        raise ValueError("the traced steps launched different kernels: a step is not one "
+                         "graph replay (was something else running on the GPU?)")
+    kinds = label_step(names, layers)
     charged = [charge_step(step, kinds) for step in steps]
     by_name = [charge_step(step, [k.name for k in step])[1] for step in steps]
     return dict(span_us=statistics.median(span for span, _ in charged),
@@ -219,6 +236,9 @@ def run_variants(a: argparse.Namespace, out: Path) -> None:
         rc=rc, variants=dict(variants), runs=runs), indent=1))
     if "defaults" in runs:
         print(compare(runs), flush=True)
+    failed = [label for label in labels if label not in runs]
+    if failed:
+        sys.exit(f"no timeline for {', '.join(failed)} (exit status in {out / 'timelines.json'})")
 
 
 def context_list(text: str) -> str:

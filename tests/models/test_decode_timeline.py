@@ -46,9 +46,32 @@ def test_gemms_are_told_apart_by_their_order_in_the_layer():
     assert kinds.count("attention") == 4 and kinds.count("norms") == 5
 
 
+def test_a_separate_qkv_rope_kernel_counts_as_attention():
+    """With the q/k norm + RoPE in a kernel of its own (OPENINFER_DECODE_FROM_QKV_ROWS=0),
+    it follows the QKV GEMM and is the attention's, as in the ablation's stub."""
+    names = step_names(1)
+    names.insert(names.index("_decode_split_kernel"), "_qkv_rope_write_kernel")
+    kinds = T.label_step(names, layers=1)
+    assert kinds[names.index("_qkv_rope_write_kernel")] == "attention"
+    assert kinds.count("attention") == 3
+
+
 def test_a_changed_layer_order_is_refused_not_mislabelled():
-    with pytest.raises(ValueError, match="update LAYER_GEMMS"):
+    with pytest.raises(ValueError, match="update LAYER_GEMMS"):        # a GEMM fewer
         T.label_step(step_names(2)[:-1], layers=2)
+    swapped = step_names(2)
+    i = swapped.index("_rms_norm_kernel", 2)      # o_proj's norm moved after gate_up
+    swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
+    with pytest.raises(ValueError, match="followed by"):
+        T.label_step(swapped, layers=2)
+
+
+def test_steps_that_launched_different_kernels_are_refused():
+    one = chain(step_names(1))
+    other = chain(step_names(1), t0=1000.0)
+    other[3] = T.Kernel("some_other_kernel", other[3].start_us, other[3].end_us)
+    with pytest.raises(ValueError, match="different kernels"):
+        T.summarize([one, other], layers=1)
 
 
 def test_charges_add_up_to_the_span_and_leads_measure_the_overlap():
@@ -132,6 +155,7 @@ def test_variants_whose_runs_fail_are_reported_not_hidden(tmp_path, monkeypatch,
     calls = []
 
     def fake_child(args, pythonpath, timeout, script, **env):
+        assert Path(script).name == "decode_timeline.py"       # this script, in a child
         out = Path(args[args.index("--out") + 1])
         calls.append((out.name, env))
         if env:                                          # the variant's process fails
@@ -143,7 +167,8 @@ def test_variants_whose_runs_fail_are_reported_not_hidden(tmp_path, monkeypatch,
     monkeypatch.setattr(T, "run_child", fake_child)
     args = SimpleNamespace(variant=["v:OPENINFER_NORM_WARPS=8"], contexts="1024", replays=1,
                            graph_context=0, child_timeout=1)
-    T.run_variants(args, tmp_path)
+    with pytest.raises(SystemExit, match="no timeline for v"):
+        T.run_variants(args, tmp_path)
     assert calls == [("defaults", {}), ("v", {"OPENINFER_NORM_WARPS": "8"})]
     summary = json.loads((tmp_path / "timelines.json").read_text())
     assert summary["rc"] == {"defaults": 0, "v": 1} and list(summary["runs"]) == ["defaults"]
