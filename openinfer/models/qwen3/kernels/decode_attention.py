@@ -87,9 +87,10 @@ WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 
 # (2 splits) -0.8% at 1k and -1.2% at 4k. Those runs merged the 4 heads one after another;
 # by the kernels' timestamps (results/gpu/dec07_fused_trigger_h100/) the merge itself was
 # the loss, 7-9 us a layer at 1k, and not o_proj's early programs. Since 12-07 the last
-# program reads all its heads' partials at once (``_merge_group_splits``: one L2 round trip;
-# 107 registers at batch 1, as unfused, so still one wave); not yet timed. Off (0) until a
-# GPU says it pays.
+# program reads its heads' partials a chunk of heads at a time (``_merge_group_splits``,
+# ``merge_chunk``): at batch 1 all four at once, one L2 round trip, in 107 registers as
+# unfused; every batch stays one wave (``scripts/kernel_report.py``). Not yet timed. Off
+# (0) until a GPU says it pays.
 FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 0,
                                  (0, 2, 4, 8, 16, 33, 64),
                                  "most splits the last split program merges (0: never)")
