@@ -113,8 +113,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
                          UPCAST: tl.constexpr, FROM_QKV: tl.constexpr, HQ: tl.constexpr,
                          HK: tl.constexpr, NUM_PARTS: tl.constexpr, CACHED: tl.constexpr,
                          AHEAD: tl.constexpr, arrivals_ptr, FUSED: tl.constexpr,
-                         MERGE_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+                         MERGE_CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
+                         PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -220,7 +220,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
             if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
                 _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP, s_pb, s_ph, s_ps,
                                     s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, GROUP,
-                                    MERGE_G, MERGE_CHUNK, BLOCK_S, BLOCK_D)
+                                    MERGE_CHUNK, BLOCK_S, BLOCK_D)
                 tl.store(counter, 0)
 
 
@@ -245,12 +245,12 @@ def _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, 
 @triton.jit
 def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
                         s_oh, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                        GROUP: tl.constexpr, HEADS: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``_merge_splits`` for the ``GROUP`` heads from ``h0`` (``HEADS``, a power of two >=
-    ``GROUP``), by the last split program of a kv head, ``CHUNK`` heads at a time: their
-    loads go out together, so the merge takes ``HEADS / CHUNK`` L2 round trips, not one per
-    head. Merged a head at a time, the four heads of a 4B made the fused kernel 7-9 us a
+                        GROUP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """``_merge_splits`` for the ``GROUP`` heads from ``h0``, by the last split program of
+    a kv head, ``CHUNK`` heads (a power of two; the last chunk's heads past ``GROUP``
+    masked) at a time: their loads go out together, so the merge takes ``GROUP / CHUNK``
+    L2 round trips (rounded up), not one per head. Merged a head at a time, the four heads of a 4B made the fused kernel 7-9 us a
     layer slower than split + reduce on an H100 (results/gpu/dec07_fused_trigger_h100/).
     ``CHUNK`` (``merge_chunk``) keeps the partials of a chunk from costing the kernel
     registers. Reads go through L2 (``.cg``): the partials were written from other SMs."""
@@ -259,7 +259,7 @@ def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb,
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
-    for c0 in tl.static_range(0, HEADS, CHUNK):
+    for c0 in tl.static_range(0, GROUP, CHUNK):
         heads = h0 + c0 + offs_c
         h_mask = c0 + offs_c < GROUP
         lse = tl.load(lse_ptr + b * s_lb + heads[:, None] * s_lh + offs_s[None, :],
@@ -320,8 +320,9 @@ def merge_chunk(group: int, block_s: int, block_d: int, num_warps: int) -> int:
     4 heads at once in 107 registers, as unfused; its batch 2 (4 warps, 32 x 128) took 150
     registers with 4, two waves of programs instead of one, and takes 119 with 2 (one
     wave)."""
+    threads = 32 * num_warps
     chunk = triton.next_power_of_2(group)
-    while chunk > 1 and chunk * block_s * block_d > 16 * num_warps * 32 * num_warps:
+    while chunk > 1 and chunk * block_s * block_d > 16 * num_warps * threads:
         chunk //= 2
     return chunk
 
@@ -427,7 +428,6 @@ def decode_attention(q: torch.Tensor | QKVParts, k_cache: torch.Tensor, v_cache:
         HQ=Hq, HK=Hk, NUM_PARTS=S,
         CACHED=bool(CACHED_SPLITS if cached_splits is None else cached_splits),
         AHEAD=bool(read_ahead), arrivals_ptr=arrivals, FUSED=bool(fused),
-        MERGE_G=triton.next_power_of_2(group),
         MERGE_CHUNK=merge_chunk(group, block_s, block_d, num_warps), BLOCK_S=block_s,
         num_warps=num_warps, **pdl_args(k_cache.device))
     if num_splits > 1 and not fused:
