@@ -40,8 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from decode_ablation import KINDS, kind_bytes  # noqa: E402
-from device_decode_bench import (bs1_graph, parse_variant, random_pack, require_cuda,  # noqa: E402
-                                 run_child, token_count)
+from device_decode_bench import (bs1_graph, parse_variant, profiled_kernels,  # noqa: E402
+                                 random_pack, require_cuda, run_child, token_count)
 
 #: The order of a decoder layer's GEMMs in the step (``Qwen3Model``'s layer loop); the
 #: step's last GEMM is the LM head.
@@ -161,15 +161,8 @@ def summarize(steps: list[list[Kernel]], layers: int) -> dict[str, Any]:
 
 def trace(fn: Any, replays: int) -> list[Kernel]:
     """Every kernel ``replays`` calls of ``fn`` ran, from the CUPTI trace."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            fn()
-        torch.cuda.synchronize()
-    return [Kernel(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+    return [Kernel(e.name, e.time_range.start, e.time_range.end)
+            for e in profiled_kernels(fn, replays)]
 
 
 def table(ctx: int, plain_s: float, res: dict[str, Any], ideal_us: dict[str, float]) -> str:

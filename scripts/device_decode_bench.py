@@ -72,24 +72,23 @@ def random_pack(size: str, seed: int = 0) -> SimpleNamespace:
                            weights=W._assemble(cfg, tensors))
 
 
-def _kernel_events(prof) -> list[tuple[str, float]]:
-    from torch.autograd import DeviceType
-    out = []
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
-            out.append((e.name, e.time_range.elapsed_us()))
-    return out
-
-
-def _profiled(fn: Callable[[], Any], steps: int) -> list[tuple[str, float]]:
-    """Kernel (name, us) events of ``steps`` calls of ``fn`` under the profiler."""
+def profiled_kernels(fn: Callable[[], Any], steps: int) -> list[Any]:
+    """The profiler's events of the kernels (not copies or fills) that ``steps`` calls of
+    ``fn`` ran on the GPU, with their names and device time ranges."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    return _kernel_events(prof)
+    return [e for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def _profiled(fn: Callable[[], Any], steps: int) -> list[tuple[str, float]]:
+    """Kernel (name, us) events of ``steps`` calls of ``fn`` under the profiler."""
+    return [(e.name, e.time_range.elapsed_us()) for e in profiled_kernels(fn, steps)]
 
 
 def _by_kernel(ev: list[tuple[str, float]], steps: int) -> list[tuple[float, float, str]]:
