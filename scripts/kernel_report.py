@@ -84,6 +84,20 @@ class RecordedLaunch:
 
 
 @contextlib.contextmanager
+def patched(module, **attrs):
+    """Within: ``module``'s ``attrs`` set to the given values, restored on the way out
+    (an exception included)."""
+    saved = {attr: getattr(module, attr) for attr in attrs}
+    try:
+        for attr, value in attrs.items():
+            setattr(module, attr, value)
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(module, attr, value)
+
+
+@contextlib.contextmanager
 def recording(module, kernels: dict[str, str]):
     """Within: each ``module.<attr>[grid](...)`` launch of ``kernels`` (name -> attribute)
     is recorded, not run, with the PDL wait on as on Hopper; yields the list it fills."""
@@ -99,14 +113,9 @@ def recording(module, kernels: dict[str, str]):
                                                dict(kw, PDL=True)))
             return launch
 
-    saved = {attr: getattr(module, attr) for attr in kernels.values()}
-    try:
-        for name, attr in kernels.items():
-            setattr(module, attr, Recorder(name, saved[attr]))
+    recorders = {attr: Recorder(name, getattr(module, attr)) for name, attr in kernels.items()}
+    with patched(module, **recorders):
         yield launches
-    finally:
-        for attr, kernel in saved.items():
-            setattr(module, attr, kernel)
 
 
 def gemm_launches(size: str, rows: int) -> list[RecordedLaunch]:
@@ -133,15 +142,11 @@ def gemm_launches(size: str, rows: int) -> list[RecordedLaunch]:
                  lm_head=lambda: S.skinny_linear(t(rows, h), t(c.vocab_size, h),
                                                  out_dtype=torch.float32))
     launches = []
-    saved_fits = S.tma_fits
-    S.tma_fits = lambda w: True
-    try:
+    with patched(S, tma_fits=lambda w: True):
         for name, call in calls.items():
             with recording(S, {name: "_skinny_kernel"}) as got:
                 call()
             launches += got
-    finally:
-        S.tma_fits = saved_fits
     return launches
 
 
