@@ -19,7 +19,7 @@ set -u
 cd "$(dirname "$0")/.."
 R=/tmp/tune; rm -rf $R; mkdir -p $R
 OUT=${OUT:-results/tmp/device}; mkdir -p "$OUT"
-# the bench half (and with ABLATE=1 the ablation) is the measuring-only script's
+# the bench half (and with ABLATE=1 the ablation and the timeline) is the measuring-only script's
 OUT=$R WORK=$R ABLATE=${ABLATE:-0} ABLATE_TIMEOUT=75 TIMELINE_TIMEOUT=45 BENCH_TIMEOUT=240 \
   bash scripts/device_bench_and_ablate.sh "$@" | tail -110
 cp $R/nvidia-smi.txt $R/decode_bench.json $R/ablation.json $R/ablation.log $R/timeline.log "$OUT/" 2>/dev/null
