@@ -92,16 +92,17 @@ def test_wait_to_copy_counts_the_pre_wait_products():
 
 def test_the_attention_table_shows_the_launches_a_decode_step_makes():
     """The 4B at batch 1 over a 4k graph: 8 kv heads x 33 splits, from the QKV parts (8
-    warps), and a reduce kernel over the 32 query heads, each in one wave without
-    spilling. With the merge fused there is no reduce launch; batch 64 has one split and
-    no reduce, and above 16 rows the GEMM table says cuBLAS runs the projections."""
-    one = _attention(_run("--rows", "1", size="4b"))
-    assert one["split"]["grid"] == (1, 8, 33) and one["split"]["threads"] == 256
-    assert one["reduce"]["grid"] == (1, 32)
-    for r in one.values():
-        assert r["spill"] == 0 and r["waves"] == 1
-    fused = _attention(_run("--rows", "1", size="4b", OPENINFER_DECODE_FUSED_REDUCE_SPLITS="64"))
+    warps), the splits merged by the last program of each kv head (no reduce launch, the
+    default since 12-07); with the merge unfused, a reduce kernel over the 32 query heads.
+    Each runs in one wave without spilling. Batch 64 has one split and no reduce, and above
+    16 rows the GEMM table says cuBLAS runs the projections."""
+    fused = _attention(_run("--rows", "1", size="4b"))
     assert set(fused) == {"split"}
+    assert fused["split"]["grid"] == (1, 8, 33) and fused["split"]["threads"] == 256
+    unfused = _attention(_run("--rows", "1", size="4b", OPENINFER_DECODE_FUSED_REDUCE_SPLITS="0"))
+    assert unfused["split"]["grid"] == (1, 8, 33) and unfused["reduce"]["grid"] == (1, 32)
+    for r in (*fused.values(), *unfused.values()):
+        assert r["spill"] == 0 and r["waves"] == 1
     wide = _run("--rows", "64", size="4b")
     assert "cuBLAS" in wide and _gemms(wide) == {}
     assert set(_attention(wide)) == {"split"} and _attention(wide)["split"]["grid"] == (64, 8, 1)

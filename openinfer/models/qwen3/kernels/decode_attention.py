@@ -2,13 +2,13 @@
 
 With a small batch, one program per (sequence, kv head) leaves most SMs idle on long
 contexts, so the KV range of each sequence is cut into ``num_splits`` equal chunks that
-run in parallel and write a partial (normalised output, log-sum-exp); a second tiny kernel
-merges them (or, up to OPENINFER_DECODE_FUSED_REDUCE_SPLITS splits, the last split program
-of each sequence and kv head to finish, which saves the launch). All ``GROUP`` query heads
-that share a kv head are processed together, so K/V is read once per group. Shapes depend
-only on (batch, heads, num_splits): no host sync and no data-dependent shapes, so the pair
-can be captured in a CUDA graph; ``num_splits`` is a compile-time constant chosen per batch
-bucket.
+run in parallel and write a partial (normalised output, log-sum-exp); the last split
+program of each sequence and kv head to finish merges them (up to
+OPENINFER_DECODE_FUSED_REDUCE_SPLITS splits, 64 by default; a second tiny kernel merges
+more, which costs a launch). All ``GROUP`` query heads that share a kv head are
+processed together, so K/V is read once per group. Shapes depend only on (batch, heads,
+num_splits): no host sync and no data-dependent shapes, so the launches can be captured
+in a CUDA graph; ``num_splits`` is a compile-time constant chosen per batch bucket.
 
 Every cached token but the newest (position ``seq_len - 1``) was written before the kernel
 this one waits on, so each program reads its page-table entries and its first K/V tile
@@ -89,9 +89,12 @@ WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 
 # the loss, 7-9 us a layer at 1k, and not o_proj's early programs. Since 12-07 the last
 # program reads its heads' partials a chunk of heads at a time (``_merge_group_splits``,
 # ``merge_chunk``): at batch 1 all four at once, one L2 round trip, in 107 registers as
-# unfused; every batch stays one wave (``scripts/kernel_report.py``). Not yet timed. Off
-# (0) until a GPU says it pays.
-FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 0,
+# unfused; every batch stays one wave (``scripts/kernel_report.py``). That form, side by
+# side on an H100 (results/gpu/dec07_fused_group_h100/), was faster or equal at every point:
+# batch 1 -0.7% at 1k and -1.3% at 4k, batch 8 -1.5% / -1.3%, batch 32 -0.2% / -0.9%,
+# batch 64 (one split) equal; 255 kernels a batch-1 step instead of 291. So it is the
+# default for every launch of up to 64 splits; 0 brings the reduce kernel back.
+FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 64,
                                  (0, 2, 4, 8, 16, 33, 64),
                                  "most splits the last split program merges (0: never)")
 
