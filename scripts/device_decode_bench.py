@@ -27,6 +27,7 @@ package's own loader code (``weights._assemble``), so no checkpoint file is writ
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -219,11 +220,22 @@ def check_against_reference(pack: Any) -> dict[str, Any]:
     return res
 
 
+def working_tree_module(name: str) -> Any:
+    """``openinfer.<name>`` from this script's tree, not from the package the worker
+    imports: a ``--base`` worker's older openinfer may not have it."""
+    spec = importlib.util.spec_from_file_location(f"_tree_{name}", ROOT / "openinfer" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def worker(label: str, out: Path, graph_context: int = 0) -> None:
     import torch
     from experiments.validate.bench import BenchSpec, bench_decode, copy_bandwidth
     import openinfer
-    res: dict[str, Any] = dict(label=label, package=str(Path(openinfer.__file__).parent))
+    package = Path(openinfer.__file__).parent
+    res: dict[str, Any] = dict(label=label, package=str(package),
+                               source_digest=working_tree_module("provenance").source_digest(package))
     pack = random_pack("4b")
     spec = BenchSpec(graph_context=graph_context)
     res["graph_context"] = graph_context
@@ -423,7 +435,8 @@ def table(workers: dict[str, dict[str, Any]]) -> str:
                      f"(gap {chk.get('top1_gap')})")
         lines.append(f"{label:11} copy {res['copy']['bytes_per_s'] / 1e12:.3f} TB/s; kernels per "
                      f"bs1 step: {prof.get('kernels_per_step')} ({prof.get('source')}), kernel "
-                     f"time {prof.get('kernel_us_per_step', float('nan')):.0f} us")
+                     f"time {prof.get('kernel_us_per_step', float('nan')):.0f} us; openinfer "
+                     f"source {res.get('source_digest')}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from openinfer.models.qwen3.kernels._tuning import knobs_set
+from openinfer.provenance import tree_digests
 
 
 def log(msg: str) -> None:
@@ -85,6 +86,7 @@ def environment(device: str) -> dict[str, Any]:
         env["gpu"] = None
     env["triton_interpret"] = os.environ.get("TRITON_INTERPRET", "0")
     env["knobs"] = knobs_set()     # launch knobs: a report must say it did not time defaults
+    env["source"] = tree_digests()  # the files that ran (python -m openinfer.provenance)
     return env
 
 

@@ -316,8 +316,9 @@ def run(cfg: ValidateConfig) -> dict[str, Any]:
 
 def print_summary(report: dict[str, Any]) -> None:
     env = report["environment"]
+    source = env.get("source", {}).get("tree", "unrecorded")
     print(f"validate: {env.get('gpu') or 'cpu'}  torch {env['torch']}  triton {env['triton']}  "
-          f"transformers {env['transformers']}  {env['date_utc']}")
+          f"transformers {env['transformers']}  {env['date_utc']}  source {source}")
     for key, v in report["summary"].items():
         if "ratio" in v:
             print(f"  {key:<24} value {v['value']:.4g} {v['unit']}  bound {v['bound']:.4g}  ratio {v['ratio']:.3f}  "

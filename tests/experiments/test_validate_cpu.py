@@ -47,6 +47,18 @@ def test_report_is_written_with_environment(report):
     assert not (out / "ckpt").exists() or not any((out / "ckpt").iterdir())  # checkpoints removed
 
 
+def test_the_report_and_its_summary_name_the_source_that_ran(report, capsys):
+    """A report outlives its tree: it carries the digest of the files that ran, and the
+    printed summary says it (compare with ``python -m openinfer.provenance``)."""
+    from experiments.validate.main import print_summary
+    from openinfer.provenance import tree_digests
+    rep, out = report
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["environment"]["source"] == tree_digests()
+    print_summary(rep)
+    assert f"source {tree_digests()['tree']}" in capsys.readouterr().out.splitlines()[0]
+
+
 def test_golden_tiny_passes_both_backends(report):
     g = report[0]["golden"]["tiny"]
     assert g["status"] == "ok", g.get("error")
