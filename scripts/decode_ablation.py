@@ -76,6 +76,12 @@ def stub_ops(skip: str, **settings: int) -> Any:
                 return super().add_rms_norm(parts, residual, w, eps)
             return self._zeros(tuple(residual.shape), residual.dtype, residual.device), residual
 
+        def linear_add_rms_norm(self, x, w, residual, norm_w, eps):
+            if self.skip not in ("norms", "o_proj", "down"):
+                return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
+            # a stubbed half of a fused pair: the other half as its own launch
+            return self.add_rms_norm(self.linear(x, w), residual, norm_w, eps)
+
         def qkv_attention(self, qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch,
                           num_q_heads, scale):
             if self.skip != "attention":

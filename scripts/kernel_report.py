@@ -135,10 +135,17 @@ def gemm_launches(size: str, rows: int) -> list[RecordedLaunch]:
 
     h, i = c.hidden_size, c.intermediate_size
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    def then_norm(x: torch.Tensor, w: torch.Tensor) -> object:
+        """o_proj / down_proj as the model launches them: with the add + RMSNorm in the
+        GEMM's tail where OPENINFER_SKINNY_FUSED_NORM_ROWS covers the batch."""
+        if rows <= S.FUSED_NORM_ROWS:
+            return S.skinny_linear_add_rms_norm(x, w, t(rows, h), t(h), 1e-6)
+        return S.skinny_linear(x, w)
+
     calls = dict(qkv=lambda: S.skinny_linear(t(rows, h), t(qkv, h)),
-                 o_proj=lambda: S.skinny_linear(t(rows, c.q_size), t(h, c.q_size)),
+                 o_proj=lambda: then_norm(t(rows, c.q_size), t(h, c.q_size)),
                  gate_up=lambda: S.skinny_gated(t(rows, h), t(2 * i, h)),
-                 down=lambda: S.skinny_linear(t(rows, i), t(h, i)),
+                 down=lambda: then_norm(t(rows, i), t(h, i)),
                  lm_head=lambda: S.skinny_linear(t(rows, h), t(c.vocab_size, h),
                                                  out_dtype=torch.float32))
     launches = []

@@ -277,7 +277,7 @@ def test_fused_merge_knob_takes_launches_of_few_splits(device, monkeypatch):
 
 
 def test_arrival_counters_grow_and_keep_the_old_buffer(device, monkeypatch):
-    mod = importlib.import_module("openinfer.models.qwen3.kernels.decode_attention")
+    mod = importlib.import_module("openinfer.models.qwen3.kernels._arrivals")
     monkeypatch.setattr(mod, "_ARRIVALS", {})
     dev = torch.device(device)
     small = mod.arrival_counters(dev, 8)
@@ -288,6 +288,8 @@ def test_arrival_counters_grow_and_keep_the_old_buffer(device, monkeypatch):
     assert any(t is small for held in mod._ARRIVALS.values() for t in held)
     if dev.type == "cuda":   # "cuda" and "cuda:<current>" name one buffer
         assert mod.arrival_counters(torch.device("cuda", torch.cuda.current_device()), 8) is big
+    # another user's kernels get a buffer of their own
+    assert mod.arrival_counters(dev, 8, "norm") is not big
 
 
 def test_decode_bf16(device):
@@ -436,6 +438,58 @@ def test_skinny_linear(device, dtype, m, n, k, split, pre):
     if pre > 1:   # the same tiles summed in the same order: bit for bit the one-tile result
         one = K.skinny_linear(x, w, cfg=K.SkinnyConfig(block_n=16, block_k=16, split_k=split))
         assert torch.equal(parts, one)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,n,k,split,rows", [(1, 50, 70, 1, 0), (5, 64, 96, 3, 11),
+                                              (16, 33, 40, 2, 0), (2, 80, 512, 4, 13)])
+def test_gemm_with_the_norm_in_its_tail_gives_gemm_then_norm(device, monkeypatch, dtype, m, n,
+                                                             k, split, rows):
+    """``skinny_linear_add_rms_norm`` (the last program does the add + RMSNorm) returns
+    what the GEMM and then the norm kernel return: bit for bit in the interpreter, where
+    both sum in one order; odd N (a masked norm row), splits of K, balanced rows, 1..16
+    rows. Its arrival counter is back at zero after each launch."""
+    arrivals = importlib.import_module("openinfer.models.qwen3.kernels._arrivals")
+    _poison_empty(monkeypatch, S)
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
+    res = torch.randn(m, n, generator=g).to(device, dtype)
+    nw = (1 + 0.1 * torch.randn(n, generator=g)).to(device, dtype)
+    cfg = K.SkinnyConfig(block_n=16, block_k=16, split_k=split, pre_tiles=2, rows=rows)
+    want = K.rms_norm(K.skinny_linear(x, w, cfg=cfg), nw, 1e-6, residual=res)
+    for _ in range(2):
+        got = K.skinny_linear_add_rms_norm(x, w, res, nw, 1e-6, cfg=cfg)
+        for a, b in zip(got, want):
+            if INTERPRET:
+                assert torch.equal(a, b)
+            else:   # another program's reduction tree: a rounding apart
+                torch.testing.assert_close(a, b, **_tol(dtype))
+        assert not arrivals.arrival_counters(x.device, 1, "norm").any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
+                    reason="races need programs that really run at once (a GPU)")
+def test_gemm_norm_tail_under_real_concurrency(monkeypatch):
+    """A 4B's down_proj at batch 1 (396 programs, K in 4 splits) 200 times, three launches
+    back to back without a sync: every one equals the GEMM + norm kernel pair. A tail run by
+    a program that is not the last reads a part still NaN, or a counter left non-zero
+    makes a later launch skip its tail."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h, i = 2560, 9728
+    w = (torch.randn(h, i, generator=g, device="cuda") / i ** 0.5).to(torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(h, generator=g, device="cuda")).to(torch.bfloat16)
+    cfg = S.launch_config(torch.empty(1, i, device="cuda", dtype=torch.bfloat16), w, False, True)
+    assert cfg.split_k > 1
+    _poison_empty(monkeypatch, S)
+    for _ in range(200):
+        x = torch.randn(1, i, generator=g, device="cuda").to(torch.bfloat16)
+        res = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
+        want = K.rms_norm(K.skinny_linear(x, w, cfg=cfg), nw, 1e-6, residual=res)
+        got = [K.skinny_linear_add_rms_norm(x, w, res, nw, 1e-6, cfg=cfg) for _ in range(3)]
+        for pair in got:
+            for a, b in zip(pair, want):
+                torch.testing.assert_close(a, b, **_tol(torch.bfloat16))
 
 
 @pytest.mark.parametrize("gated,rows,split", [(False, 11, 1), (False, 9, 3), (True, 13, 1)])

@@ -164,6 +164,34 @@ def test_padded_decode_batch_matches_unpadded(model, sequences):
         FlatInputs.build(step, BLOCK, pad_to=(4, 8), decode=True)
 
 
+def test_small_batches_norm_in_the_gemm_tail(tiny_ckpt, device, sequences, monkeypatch):
+    """With OPENINFER_SKINNY_FUSED_NORM_ROWS covering the batch, o_proj and down_proj do the
+    add + RMSNorm after them in their own launch: a decode step launches one norm kernel
+    (the first layer's input norm) instead of 2 a layer + 1, and its logits are the
+    separate kernels' (bit for bit in the interpreter) and HF's within the bound."""
+    from openinfer.models.qwen3.ops import TritonOps
+    fused = Qwen3Model.from_pretrained(tiny_ckpt, device=device,
+                                       backend=TritonOps(fused_norm_rows=16))
+    plain = Qwen3Model(fused.cfg, fused.w, "triton")
+    assert plain.ops.fused_norm_rows == 0
+    norms = []
+    separate = fused.ops.k.rms_norm
+    monkeypatch.setattr(fused.ops.k, "rms_norm",
+                        lambda *a, **kw: norms.append(1) or separate(*a, **kw))
+    tables = _page_tables(3, 5, seed=6)
+    arenas = [m.make_arena(1 + 3 * 5, BLOCK) for m in (fused, plain)]
+    for m, arena in zip((fused, plain), arenas):
+        m([SeqInput(i[:-1], 0, t) for (i, _), t in zip(sequences, tables)], arena)
+    norms.clear()
+    step = [SeqInput(i[-1:], len(i) - 1, t) for (i, _), t in zip(sequences, tables)]
+    got = fused(step, arenas[0])
+    assert len(norms) == 1
+    want = plain(step, arenas[1])
+    if device == "cpu":
+        assert torch.equal(got, want)
+    assert _max_diff(got, torch.stack([ref[-1] for _, ref in sequences])) <= ATOL
+
+
 def test_batch1_decode_does_rope_inside_the_attention(tiny_ckpt, device, sequences, monkeypatch):
     """With the default knobs a one-row decode step runs q/k norm + RoPE + KV write inside
     the decode attention (no separate kernel launch), and still matches HF; a 3-row decode

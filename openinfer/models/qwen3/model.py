@@ -66,11 +66,11 @@ class Qwen3Model:
         x = self.ops.rms_norm(residual, layers[0].input_norm, eps)
         for i, lw in enumerate(layers):
             attn = self._attention(i, lw, x, batch, arena)
-            x, residual = self.ops.add_rms_norm(self.ops.linear(attn, lw.o_proj), residual,
-                                                lw.post_norm, eps)
+            x, residual = self.ops.linear_add_rms_norm(attn, lw.o_proj, residual, lw.post_norm,
+                                                       eps)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.norm
-            down = self.ops.linear(self.ops.gate_up_silu(x, lw.gate_up_proj), lw.down_proj)
-            x, residual = self.ops.add_rms_norm(down, residual, next_norm, eps)
+            x, residual = self.ops.linear_add_rms_norm(self.ops.gate_up_silu(x, lw.gate_up_proj),
+                                                       lw.down_proj, residual, next_norm, eps)
         if not (all_logits or batch.is_decode):   # decode: every row is a last token
             x = x.index_select(0, batch.last_token_index)
         return self.ops.lm_head(x, self.w.lm_head)

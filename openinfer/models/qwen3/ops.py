@@ -39,6 +39,11 @@ class ReferenceOps:
         """``residual += merged parts``, then RMSNorm: ``(normed, new residual)``."""
         return self.r.add_rms_norm(self.r.merge_parts(parts, residual.dtype), residual, w, eps)
 
+    def linear_add_rms_norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                            norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """A projection, then ``add_rms_norm``: the pair a backend may run as one launch."""
+        return self.add_rms_norm(self.linear(x, w), residual, norm_w, eps)
+
     def qkv_norm_rope_write(self, qkv: torch.Tensor, q_w: torch.Tensor, k_w: torch.Tensor,
                             cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                             eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -77,18 +82,24 @@ class TritonOps(ReferenceOps):
     name = "triton"
 
     def __init__(self, decode_splits: int | None = None, block_m: int = 64,
-                 block_n: int = 64, decode_from_qkv_rows: int | None = None) -> None:
+                 block_n: int = 64, decode_from_qkv_rows: int | None = None,
+                 fused_norm_rows: int | None = None) -> None:
         """``block_m``/``block_n``: prefill attention tiles (decode's are launch knobs of
         ``decode_attention``); decode batches of at most ``decode_from_qkv_rows`` rows
-        (default: OPENINFER_DECODE_FROM_QKV_ROWS) run q/k norm + RoPE in the attention."""
+        (default: OPENINFER_DECODE_FROM_QKV_ROWS) run q/k norm + RoPE in the attention, and
+        of at most ``fused_norm_rows`` (default: OPENINFER_SKINNY_FUSED_NORM_ROWS, at most
+        ``MAX_ROWS``) the add + RMSNorm after o_proj and down_proj in their GEMM."""
         super().__init__()
         from openinfer.models.qwen3 import kernels
         from openinfer.models.qwen3.kernels.decode_attention import FROM_QKV_ROWS
+        from openinfer.models.qwen3.kernels.skinny_linear import FUSED_NORM_ROWS
         self.k = kernels
         self.decode_splits = decode_splits
         self.block_m, self.block_n = block_m, block_n
         self.decode_from_qkv_rows = (FROM_QKV_ROWS if decode_from_qkv_rows is None
                                      else decode_from_qkv_rows)
+        self.fused_norm_rows = min(kernels.MAX_ROWS, FUSED_NORM_ROWS if fused_norm_rows is None
+                                   else fused_norm_rows)
 
     def _skinny(self, x: torch.Tensor) -> bool:
         return x.shape[0] <= self.k.MAX_ROWS
@@ -101,6 +112,13 @@ class TritonOps(ReferenceOps):
 
     def add_rms_norm(self, parts, residual, w, eps):
         return self.k.rms_norm(parts, w, eps, residual=residual)
+
+    def linear_add_rms_norm(self, x, w, residual, norm_w, eps):
+        """Batches of at most ``FUSED_NORM_ROWS`` rows (OPENINFER_SKINNY_FUSED_NORM_ROWS):
+        the GEMM's last program does the add + norm (``skinny_linear_add_rms_norm``)."""
+        if 0 < x.shape[0] <= self.fused_norm_rows:
+            return self.k.skinny_linear_add_rms_norm(x, w, residual, norm_w, eps)
+        return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
 
     def qkv_norm_rope_write(self, qkv, q_w, k_w, cos, sin, positions, eps, k_cache, v_cache,
                             slot_mapping, num_q_heads):

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer.models.qwen3.kernels._arrivals import arrival_counters
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._paged_tile import attend_row, attend_tile, kv_tile
 from openinfer.models.qwen3.kernels._parts import load_parts
@@ -288,31 +289,6 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     pdl_wait(PDL)
     _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
                   HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
-
-
-# Arrival counters of the fused merge, one buffer per device, all zero between launches.
-# Never freed: a captured graph keeps the address it was captured with.
-_ARRIVALS: dict[torch.device, list[torch.Tensor]] = {}
-_MIN_ARRIVALS = 1 << 14
-
-
-def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters, at least ``count``, for the fused merge on ``device``. A
-    larger buffer is made outside graph capture only (its memory would belong to the
-    graph's pool); the older ones stay alive for the graphs that use them. Decode attention
-    launches on one device share it, so they must run in stream order."""
-    if device.type == "cuda" and device.index is None:    # "cuda" and "cuda:0": one buffer
-        device = torch.device("cuda", torch.cuda.current_device())
-    held = _ARRIVALS.setdefault(device, [])
-    if not held or held[-1].numel() < count:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"decode attention with the fused split merge needs {count} arrival counters"
-                " on this device, and they can only be made outside a CUDA-graph capture:"
-                " run one eager decode step of the largest batch first, or set"
-                " OPENINFER_DECODE_FUSED_REDUCE_SPLITS=0")
-        held.append(torch.zeros(max(count, _MIN_ARRIVALS), dtype=torch.int32, device=device))
-    return held[-1]
 
 
 def merge_chunk(group: int, block_s: int, block_d: int, num_warps: int) -> int:

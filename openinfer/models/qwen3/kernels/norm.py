@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer.models.qwen3.kernels._parts import load_parts
+from openinfer.models.qwen3.kernels._parts import load_parts_with
 from openinfer.models.qwen3.kernels._pdl import pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels._tuning import env_choice
 
@@ -25,24 +25,35 @@ NORM_WARPS = env_choice("OPENINFER_NORM_WARPS", 4, (1, 2, 4, 8, 16), "warps per 
 
 
 @triton.jit
+def add_rms_norm_row(x_ptr, s_xs, r_ptr, w, o_ptr, ro_ptr, cols, mask, N, eps,
+                     HAS_RESIDUAL: tl.constexpr, NUM_PARTS: tl.constexpr, dt: tl.constexpr,
+                     CACHE: tl.constexpr):
+    """One row: parts summed (+ residual, stored), normed and scaled by ``w``. Shared by
+    the norm kernel and the decode GEMM's fused tail (``skinny_linear``), so both round
+    alike."""
+    x = load_parts_with(x_ptr, s_xs, cols, mask, NUM_PARTS, dt, CACHE)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + cols, mask=mask, other=0.0)
+        x = (r.to(tl.float32) + x.to(tl.float32)).to(dt)
+        tl.store(ro_ptr + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    y = (w.to(tl.float32) * (xf * inv).to(dt).to(tl.float32)).to(dt)
+    tl.store(o_ptr + cols, y, mask=mask)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, ro_ptr, s_xs, s_x, s_r, s_o, s_ro, N, eps,
                      HAS_RESIDUAL: tl.constexpr, NUM_PARTS: tl.constexpr, BLOCK: tl.constexpr,
                      PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    dt = o_ptr.dtype.element_ty
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)        # a weight: safe before the wait
     pdl_wait(PDL)
-    x = load_parts(x_ptr + row * s_x, s_xs, cols, mask, NUM_PARTS, dt)
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptr + row * s_r + cols, mask=mask, other=0.0)
-        x = (r.to(tl.float32) + x.to(tl.float32)).to(dt)
-        tl.store(ro_ptr + row * s_ro + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    y = (w.to(tl.float32) * (xf * inv).to(dt).to(tl.float32)).to(dt)
-    tl.store(o_ptr + row * s_o + cols, y, mask=mask)
+    add_rms_norm_row(x_ptr + row * s_x, s_xs, r_ptr + row * s_r, w, o_ptr + row * s_o,
+                     ro_ptr + row * s_ro, cols, mask, N, eps, HAS_RESIDUAL, NUM_PARTS,
+                     o_ptr.dtype.element_ty, "")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

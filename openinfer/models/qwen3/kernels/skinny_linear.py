@@ -15,6 +15,10 @@ extra launch and no atomics, so a step stays bitwise reproducible.
 
 ``gated``: W is ``[gate; up]`` ``[2I, K]`` and the result is ``silu(x W_g^T) * (x W_u^T)``
 ``[M, I]``, each intermediate rounded where HF's ``act(gate(x)) * up(x)`` rounds it.
+
+``skinny_linear_add_rms_norm`` (batches of at most ``FUSED_NORM_ROWS`` rows): the program
+that finishes last adds the parts to the residual and applies the RMSNorm after the
+projection (``_arrivals``), the norm kernel's work without its launch.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from openinfer.errors import require
+from openinfer.models.qwen3.kernels._arrivals import arrival_counters
 from openinfer.models.qwen3.kernels._dot import mma
 from openinfer.models.qwen3.kernels._interpret import INTERPRET
 from openinfer.models.qwen3.kernels._pdl import hopper_or_later, pdl_args, pdl_wait
 from openinfer.models.qwen3.kernels._tuning import env_choice
+from openinfer.models.qwen3.kernels.norm import add_rms_norm_row
 from openinfer.models.qwen3.kernels.prefill_attention import dot_precision
 
 MAX_ROWS = 16   # tl.dot's smallest M: up to this many rows cost one pass over W
@@ -106,6 +112,15 @@ EVEN_SPLITS = env_choice("OPENINFER_SKINNY_EVEN_SPLITS", 0, (0, 1),
                          "1: split K in 128-column units, not whole tiles")
 require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
         "0 with OPENINFER_SKINNY_TMA=1 (a TMA box cannot be masked, so splits are whole tiles)")
+# The residual add + RMSNorm after o_proj and down_proj done by the GEMM's last program to
+# finish (``skinny_linear_add_rms_norm``) for batches of at most this many rows, instead of
+# by a norm kernel: 72 launches fewer a step. The norms' marginal cost in an H100's bs1
+# step was 2.8-3.4 us a launch with almost no bytes (results/gpu/dec07_ablation_h100/),
+# most of it a kernel boundary; the tail keeps the norm's work but not its launch. Folding
+# the norm into the GEMM *after* it was 15% slower (results/gpu/fold_norms_attempt/: x
+# computed in registers is not pipelined). Not yet timed on a GPU, so off by default.
+FUSED_NORM_ROWS = env_choice("OPENINFER_SKINNY_FUSED_NORM_ROWS", 0, (0, 1, 2, 4, 8, 16),
+                             "largest decode batch whose GEMM does the add + RMSNorm after it")
 # K is split in steps of this many columns whatever the tile width when choosing how many
 # splits K gets, so a tile knob changes the tile alone (at 256, smaller models would
 # otherwise take half the splits at batch 1); with EVEN_SPLITS also where they end.
@@ -149,10 +164,12 @@ def _mma_tile(acc, acc_up, x_rows, offs_k, k_hi, m_mask, w, w_up, GATED: tl.cons
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn, s_ys, s_ym,
+                   r_ptr, nw_ptr, xo_ptr, ro_ptr, arrivals_ptr, s_r, s_xo, s_ro, eps,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                    PRE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                   TMA: tl.constexpr, PDL: tl.constexpr):
+                   TMA: tl.constexpr, NORM: tl.constexpr, NUM_PARTS: tl.constexpr,
+                   NORM_BLOCK: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -217,6 +234,22 @@ def _skinny_kernel(x_ptr, w_ptr, w_desc, y_ptr, M, N, K, k_per_split, s_xm, s_wn
         out = acc
     tl.store(y_ptr + split * s_ys + offs_m[:, None] * s_ym + offs_n[None, :],
              out.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if NORM:
+        # Every thread's share is stored (barrier) before one thread's acq_rel arrival
+        # releases it at GPU scope; the program that arrives last acquires all the others'
+        # and does the norm kernel's work, row by row. It resets the counter, which no
+        # program touches again before this grid ends.
+        tl.debug_barrier()
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == programs - 1:
+            cols = tl.arange(0, NORM_BLOCK)
+            c_mask = cols < N
+            nw = tl.load(nw_ptr + cols, mask=c_mask, other=0.0)
+            for m in range(0, M):
+                add_rms_norm_row(y_ptr + m * s_ym, s_ys, r_ptr + m * s_r, nw, xo_ptr + m * s_xo,
+                                 ro_ptr + m * s_ro, cols, c_mask, N, eps, True, NUM_PARTS,
+                                 ro_ptr.dtype.element_ty, ".cg")
+            tl.store(arrivals_ptr, 0)
 
 
 @dataclass(frozen=True)
@@ -329,17 +362,32 @@ def columns_per_split(k: int, cfg: SkinnyConfig) -> int:
     return triton.cdiv(triton.cdiv(k, cfg.split_k), unit) * unit
 
 
-def kernel_constants(cfg: SkinnyConfig, gated: bool, dtype: torch.dtype) -> dict:
+def kernel_constants(cfg: SkinnyConfig, gated: bool, dtype: torch.dtype, n: int = 0,
+                     norm: bool = False) -> dict:
     """The kernel's compile-time arguments for ``cfg`` and a weight of ``dtype`` (all but
-    ``PDL``): one list for the launch and for ``scripts/kernel_report.py``'s compile, so
-    that the report compiles what a launch runs."""
+    ``PDL``); ``norm``: with the fused add + RMSNorm over ``n`` outputs. One list for the
+    launch and for ``scripts/kernel_report.py``'s compile, so that the report compiles
+    what a launch runs."""
     return dict(GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
                 ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
-                DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, TMA=cfg.tma)
+                DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, TMA=cfg.tma, NORM=norm,
+                NUM_PARTS=cfg.split_k, NORM_BLOCK=triton.next_power_of_2(n) if norm else 1)
+
+
+@dataclass(frozen=True)
+class NormTail:
+    """What the fused add + RMSNorm reads and writes: ``res_out = residual + product``,
+    ``out = rms_norm(res_out) * weight``."""
+
+    residual: torch.Tensor   # [M, N]
+    weight: torch.Tensor     # [N]
+    eps: float
+    out: torch.Tensor
+    res_out: torch.Tensor
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bool,
-            cfg: SkinnyConfig) -> None:
+            cfg: SkinnyConfig, tail: NormTail | None = None) -> None:
     M, K = x.shape
     assert M <= MAX_ROWS and x.stride(-1) == 1 and w.stride(-1) == 1 and w.shape[1] == K
     per_split = columns_per_split(K, cfg)
@@ -348,8 +396,15 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
         require(tma_fits(w), "tma", True, "false for this weight: TMA needs a Hopper GPU "
                 "(or the interpreter) and rows on 16-byte boundaries")
         w_desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg.block_n, cfg.block_k])
+    if tail is None:
+        norm_args = (y, y, y, y, y, 0, 0, 0, 0.0)     # not read without NORM
+    else:
+        norm_args = (tail.residual, tail.weight, tail.out, tail.res_out,
+                     arrival_counters(x.device, 1, "norm"), tail.residual.stride(0),
+                     tail.out.stride(0), tail.res_out.stride(0), tail.eps)
     _skinny_kernel[cfg.grid(n)](x, w, w_desc, y, M, n, K, per_split, x.stride(0), w.stride(0),
-                                y.stride(0), y.stride(1), **kernel_constants(cfg, gated, w.dtype),
+                                y.stride(0), y.stride(1), *norm_args,
+                                **kernel_constants(cfg, gated, w.dtype, n, tail is not None),
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                 **pdl_args(x.device))
 
@@ -365,6 +420,24 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | Non
     y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
     _launch(x, w, y, N, False, cfg)
     return y
+
+
+def skinny_linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                               norm_weight: torch.Tensor, eps: float,
+                               cfg: SkinnyConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = residual + x @ w^T`` and ``(rms_norm(s) * norm_weight, s)``, in one launch:
+    what ``rms_norm(skinny_linear(x, w), norm_weight, eps, residual=residual)`` returns,
+    rounded alike."""
+    M, N = x.shape[0], w.shape[0]
+    assert residual.shape == (M, N) and residual.stride(-1) == 1 and norm_weight.is_contiguous()
+    cfg = cfg or launch_config(x, w, False, True)
+    dtype = torch.float32 if cfg.split_k > 1 else w.dtype
+    y = torch.empty((cfg.split_k, M, N), dtype=dtype, device=x.device)
+    out = torch.empty((M, N), dtype=residual.dtype, device=x.device)
+    res_out = torch.empty((M, N), dtype=residual.dtype, device=x.device)
+    tail = NormTail(residual, norm_weight, eps, out, res_out)
+    _launch(x, w, y, N, False, cfg, tail)
+    return tail.out, tail.res_out
 
 
 def skinny_gated(x: torch.Tensor, w: torch.Tensor,
