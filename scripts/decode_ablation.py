@@ -77,9 +77,10 @@ def stub_ops(skip: str, **settings: int) -> Any:
             return self._zeros(tuple(residual.shape), residual.dtype, residual.device), residual
 
         def linear_add_rms_norm(self, x, w, residual, norm_w, eps):
-            if self.skip not in ("norms", "o_proj", "down"):
+            # o_proj or down_proj with the norm after it, fused where the knob says so;
+            # when either half is the stubbed kind, the other runs as its own launch
+            if self.skip != "norms" and self.proj.get(tuple(w.shape)) != self.skip:
                 return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
-            # a stubbed half of a fused pair: the other half as its own launch
             return self.add_rms_norm(self.linear(x, w), residual, norm_w, eps)
 
         def qkv_attention(self, qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch,

@@ -83,9 +83,12 @@ def kind_of(name: str) -> str | None:
     return "other"
 
 
-#: What the kernel right after a GEMM must be, in the layer's order: the attention reads
-#: QKV's parts, the norm adds o_proj's and down's, and down reads gate_up's product.
-FOLLOWED_BY = dict(qkv="attention", o_proj="norms", gate_up="down", down="norms")
+#: What the kernel right after a GEMM may be, in the layer's order: the attention reads
+#: QKV's parts, the norm adds o_proj's and down's, and down reads gate_up's product; with
+#: OPENINFER_SKINNY_FUSED_NORM_ROWS o_proj and down do that norm themselves, and the next
+#: GEMM (gate_up; the next layer's QKV, or the LM head) follows them directly.
+FOLLOWED_BY = dict(qkv=("attention",), o_proj=("norms", "gate_up"), gate_up=("down",),
+                   down=("norms", "qkv", "lm_head"))
 
 
 def label_step(names: list[str], layers: int) -> list[str]:
@@ -104,9 +107,9 @@ def label_step(names: list[str], layers: int) -> list[str]:
                     else LAYER_GEMMS[ordinal % len(LAYER_GEMMS)])
     for i in gemms[:-1]:
         nxt = kinds[i + 1] if i + 1 < len(kinds) else None
-        if nxt != FOLLOWED_BY[kinds[i]]:
+        if nxt not in FOLLOWED_BY[kinds[i]]:
             raise ValueError(f"kernel {i} ({kinds[i]}) is followed by {nxt}, not "
-                             f"{FOLLOWED_BY[kinds[i]]}: {order_changed}")
+                             f"{' or '.join(FOLLOWED_BY[kinds[i]])}: {order_changed}")
     return kinds
 
 

@@ -45,6 +45,14 @@ def _launches(pack, kind: str, monkeypatch) -> Counter:
     monkeypatch.setattr(k, "skinny_linear", counted(k.skinny_linear,
                                                      lambda x, w, *_: names[tuple(w.shape)]))
     monkeypatch.setattr(k, "skinny_gated", counted(k.skinny_gated, lambda *_: "gate_up"))
+    fused = k.skinny_linear_add_rms_norm   # OPENINFER_SKINNY_FUSED_NORM_ROWS: one launch,
+
+    def projection_and_norm(x, w, *rest, **kw):   # both kinds' work
+        calls[names[tuple(w.shape)]] += 1
+        calls["norms"] += 1
+        return fused(x, w, *rest, **kw)
+
+    monkeypatch.setattr(k, "skinny_linear_add_rms_norm", projection_and_norm)
     monkeypatch.setattr(k, "rms_norm", counted(k.rms_norm, lambda *_: "norms"))
     monkeypatch.setattr(k, "decode_attention", counted(k.decode_attention, lambda *_: "attention"))
     arena = model.make_arena(4, 4)

@@ -56,6 +56,16 @@ def test_a_separate_qkv_rope_kernel_counts_as_attention():
     assert kinds.count("attention") == 3
 
 
+def test_a_step_with_the_norms_in_the_gemms_is_labelled():
+    """With OPENINFER_SKINNY_FUSED_NORM_ROWS, o_proj and down_proj do the norm after them:
+    the next GEMM follows each directly, and the only norm left is the first layer's."""
+    names = [n for i, n in enumerate(step_names(2)) if i < 2 or n != "_rms_norm_kernel"]
+    kinds = T.label_step(names, layers=2)
+    gemms = [k for k, n in zip(kinds, names) if "skinny" in n]
+    assert gemms == ["qkv", "o_proj", "gate_up", "down"] * 2 + ["lm_head"]
+    assert kinds.count("norms") == 1
+
+
 def test_a_changed_layer_order_is_refused_not_mislabelled():
     with pytest.raises(ValueError, match="update LAYER_GEMMS"):        # a GEMM fewer
         T.label_step(step_names(2)[:-1], layers=2)

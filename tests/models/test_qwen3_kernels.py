@@ -448,7 +448,9 @@ def test_gemm_with_the_norm_in_its_tail_gives_gemm_then_norm(device, monkeypatch
     """``skinny_linear_add_rms_norm`` (the last program does the add + RMSNorm) returns
     what the GEMM and then the norm kernel return: bit for bit in the interpreter, where
     both sum in one order; odd N (a masked norm row), splits of K, balanced rows, 1..16
-    rows. Its arrival counter is back at zero after each launch."""
+    rows. Its arrival counter is back at zero after each launch. The interpreter runs the
+    programs one after another, so the ordering (the barrier, the acq_rel arrival, the
+    tail by the last program only) is the GPU test's below."""
     arrivals = importlib.import_module("openinfer.models.qwen3.kernels._arrivals")
     _poison_empty(monkeypatch, S)
     g = torch.Generator().manual_seed(n + k)
@@ -470,21 +472,23 @@ def test_gemm_with_the_norm_in_its_tail_gives_gemm_then_norm(device, monkeypatch
 
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
                     reason="races need programs that really run at once (a GPU)")
-def test_gemm_norm_tail_under_real_concurrency(monkeypatch):
-    """A 4B's down_proj at batch 1 (396 programs, K in 4 splits) 200 times, three launches
-    back to back without a sync: every one equals the GEMM + norm kernel pair. A tail run by
-    a program that is not the last reads a part still NaN, or a counter left non-zero
-    makes a later launch skip its tail."""
+@pytest.mark.parametrize("rows", [1, 8])
+def test_gemm_norm_tail_under_real_concurrency(monkeypatch, rows):
+    """A 4B's down_proj at batch 1 (396 programs, K in 4 splits) and 8, 200 times, three
+    launches back to back without a sync: every one equals the GEMM + norm kernel pair. A
+    tail run by a program that is not the last reads a part still NaN, or a counter left
+    non-zero makes a later launch skip its tail."""
     g = torch.Generator(device="cuda").manual_seed(0)
     h, i = 2560, 9728
     w = (torch.randn(h, i, generator=g, device="cuda") / i ** 0.5).to(torch.bfloat16)
     nw = (1 + 0.1 * torch.randn(h, generator=g, device="cuda")).to(torch.bfloat16)
-    cfg = S.launch_config(torch.empty(1, i, device="cuda", dtype=torch.bfloat16), w, False, True)
+    cfg = S.launch_config(torch.empty(rows, i, device="cuda", dtype=torch.bfloat16), w, False,
+                          True)
     assert cfg.split_k > 1
     _poison_empty(monkeypatch, S)
     for _ in range(200):
-        x = torch.randn(1, i, generator=g, device="cuda").to(torch.bfloat16)
-        res = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
+        x = torch.randn(rows, i, generator=g, device="cuda").to(torch.bfloat16)
+        res = torch.randn(rows, h, generator=g, device="cuda").to(torch.bfloat16)
         want = K.rms_norm(K.skinny_linear(x, w, cfg=cfg), nw, 1e-6, residual=res)
         got = [K.skinny_linear_add_rms_norm(x, w, res, nw, 1e-6, cfg=cfg) for _ in range(3)]
         for pair in got:

@@ -168,12 +168,12 @@ def test_small_batches_norm_in_the_gemm_tail(tiny_ckpt, device, sequences, monke
     """With OPENINFER_SKINNY_FUSED_NORM_ROWS covering the batch, o_proj and down_proj do the
     add + RMSNorm after them in their own launch: a decode step launches one norm kernel
     (the first layer's input norm) instead of 2 a layer + 1, and its logits are the
-    separate kernels' (bit for bit in the interpreter) and HF's within the bound."""
+    separate kernels' (bit for bit in the interpreter) and HF's within the bound. A batch
+    larger than the knob goes back to the norm kernels."""
     from openinfer.models.qwen3.ops import TritonOps
     fused = Qwen3Model.from_pretrained(tiny_ckpt, device=device,
                                        backend=TritonOps(fused_norm_rows=16))
-    plain = Qwen3Model(fused.cfg, fused.w, "triton")
-    assert plain.ops.fused_norm_rows == 0
+    plain = Qwen3Model(fused.cfg, fused.w, TritonOps(fused_norm_rows=0))
     norms = []
     separate = fused.ops.k.rms_norm
     monkeypatch.setattr(fused.ops.k, "rms_norm",
@@ -190,6 +190,12 @@ def test_small_batches_norm_in_the_gemm_tail(tiny_ckpt, device, sequences, monke
     if device == "cpu":
         assert torch.equal(got, want)
     assert _max_diff(got, torch.stack([ref[-1] for _, ref in sequences])) <= ATOL
+    # a batch above the knob: the norm kernels again (the same step, the same K/V rewritten)
+    fused.ops.fused_norm_rows = 2
+    norms.clear()
+    again = fused(step, arenas[0])
+    assert len(norms) == 1 + 2 * fused.cfg.num_hidden_layers
+    torch.testing.assert_close(again, got, atol=1e-6, rtol=0)
 
 
 def test_batch1_decode_does_rope_inside_the_attention(tiny_ckpt, device, sequences, monkeypatch):

@@ -33,6 +33,6 @@ def arrival_counters(device: torch.device, count: int, user: str = "attention") 
             raise RuntimeError(
                 f"{user} kernels need {count} arrival counters on this device, and they can"
                 " only be made outside a CUDA-graph capture: run one eager decode step of"
-                f" the largest batch first, or set {USERS[user]}")
+                f" the largest batch that uses them first, or set {USERS[user]}")
         held.append(torch.zeros(max(count, _MIN_ARRIVALS), dtype=torch.int32, device=device))
     return held[-1]

@@ -11,7 +11,7 @@ dtype (or an ``out_dtype`` such as fp32 for the logits, rounded through the weig
 first so the values equal ``F.linear(x, W).float()`` up to summation order); with split-K
 ``S > 1`` fp32 partial sums that the consumer kernel (the fused residual-add + RMSNorm,
 or the fused q/k norm + RoPE + KV write) adds up in a fixed order before rounding: no
-extra launch and no atomics, so a step stays bitwise reproducible.
+extra launch and no atomic adds of data, so a step stays bitwise reproducible.
 
 ``gated``: W is ``[gate; up]`` ``[2I, K]`` and the result is ``silu(x W_g^T) * (x W_u^T)``
 ``[M, I]``, each intermediate rounded where HF's ``act(gate(x)) * up(x)`` rounds it.
@@ -371,7 +371,8 @@ def kernel_constants(cfg: SkinnyConfig, gated: bool, dtype: torch.dtype, n: int 
     return dict(GATED=gated, ROUND=cfg.split_k == 1, BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
                 ROWS=cfg.rows_per_program, BLOCK_K=cfg.block_k, PRE=cfg.pre_tiles,
                 DOT_PREC=dot_precision(dtype), UPCAST=INTERPRET, TMA=cfg.tma, NORM=norm,
-                NUM_PARTS=cfg.split_k, NORM_BLOCK=triton.next_power_of_2(n) if norm else 1)
+                NUM_PARTS=cfg.split_k if norm else 1,
+                NORM_BLOCK=triton.next_power_of_2(n) if norm else 1)
 
 
 @dataclass(frozen=True)
