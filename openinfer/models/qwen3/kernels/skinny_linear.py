@@ -116,9 +116,11 @@ require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
 # finish (``skinny_linear_add_rms_norm``) for batches of at most this many rows, instead of
 # by a norm kernel: 72 launches fewer a step. The norms' marginal cost in an H100's bs1
 # step was 2.8-3.4 us a launch with almost no bytes (results/gpu/dec07_ablation_h100/),
-# most of it a kernel boundary; the tail keeps the norm's work but not its launch. Folding
-# the norm into the GEMM *after* it was 15% slower (results/gpu/fold_norms_attempt/: x
-# computed in registers is not pipelined). Not yet timed on a GPU, so off by default.
+# taken here to be mostly the kernel boundary: the tail keeps the norm's work but not its
+# launch. Folding the norm into the GEMM *after* it was 15% slower
+# (results/gpu/fold_norms_attempt/: x computed in registers is not pipelined). At batch 1 a
+# 4B's GEMM keeps its registers (168, scripts/kernel_report.py); at 2-16 rows the tail's
+# row takes them from 92-104 to 136-138. Not yet timed on a GPU, so off by default.
 FUSED_NORM_ROWS = env_choice("OPENINFER_SKINNY_FUSED_NORM_ROWS", 0, (0, 1, 2, 4, 8, 16),
                              "largest decode batch whose GEMM does the add + RMSNorm after it")
 # K is split in steps of this many columns whatever the tile width when choosing how many
