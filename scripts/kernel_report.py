@@ -138,7 +138,7 @@ def gemm_launches(size: str, rows: int) -> list[RecordedLaunch]:
     def then_norm(x: torch.Tensor, w: torch.Tensor) -> object:
         """o_proj / down_proj as the model launches them: with the add + RMSNorm in the
         GEMM's tail where OPENINFER_SKINNY_FUSED_NORM_ROWS covers the batch."""
-        if rows <= S.FUSED_NORM_ROWS:
+        if S.norm_in_tail(rows):
             return S.skinny_linear_add_rms_norm(x, w, t(rows, h), t(h), 1e-6)
         return S.skinny_linear(x, w)
 

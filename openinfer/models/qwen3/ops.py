@@ -87,8 +87,8 @@ class TritonOps(ReferenceOps):
         """``block_m``/``block_n``: prefill attention tiles (decode's are launch knobs of
         ``decode_attention``); decode batches of at most ``decode_from_qkv_rows`` rows
         (default: OPENINFER_DECODE_FROM_QKV_ROWS) run q/k norm + RoPE in the attention, and
-        of at most ``fused_norm_rows`` (default: OPENINFER_SKINNY_FUSED_NORM_ROWS, at most
-        ``MAX_ROWS``) the add + RMSNorm after o_proj and down_proj in their GEMM."""
+        of at most ``fused_norm_rows`` (default: OPENINFER_SKINNY_FUSED_NORM_ROWS; see
+        ``norm_in_tail``) the add + RMSNorm after o_proj and down_proj in their GEMM."""
         super().__init__()
         from openinfer.models.qwen3 import kernels
         from openinfer.models.qwen3.kernels.decode_attention import FROM_QKV_ROWS
@@ -98,8 +98,7 @@ class TritonOps(ReferenceOps):
         self.block_m, self.block_n = block_m, block_n
         self.decode_from_qkv_rows = (FROM_QKV_ROWS if decode_from_qkv_rows is None
                                      else decode_from_qkv_rows)
-        self.fused_norm_rows = min(kernels.MAX_ROWS, FUSED_NORM_ROWS if fused_norm_rows is None
-                                   else fused_norm_rows)
+        self.fused_norm_rows = FUSED_NORM_ROWS if fused_norm_rows is None else fused_norm_rows
 
     def _skinny(self, x: torch.Tensor) -> bool:
         return x.shape[0] <= self.k.MAX_ROWS
@@ -116,7 +115,7 @@ class TritonOps(ReferenceOps):
     def linear_add_rms_norm(self, x, w, residual, norm_w, eps):
         """Batches of at most ``FUSED_NORM_ROWS`` rows (OPENINFER_SKINNY_FUSED_NORM_ROWS):
         the GEMM's last program does the add + norm (``skinny_linear_add_rms_norm``)."""
-        if 0 < x.shape[0] <= self.fused_norm_rows:
+        if self.k.norm_in_tail(x.shape[0], self.fused_norm_rows):
             return self.k.skinny_linear_add_rms_norm(x, w, residual, norm_w, eps)
         return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
 

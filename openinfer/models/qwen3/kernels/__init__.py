@@ -13,8 +13,9 @@ from openinfer.models.qwen3.kernels.norm import rms_norm  # noqa: E402
 from openinfer.models.qwen3.kernels.prefill_attention import prefill_attention  # noqa: E402
 from openinfer.models.qwen3.kernels.qkv_rope import qkv_norm_rope_write  # noqa: E402
 from openinfer.models.qwen3.kernels.skinny_linear import (  # noqa: E402
-    MAX_ROWS, SkinnyConfig, skinny_gated, skinny_linear, skinny_linear_add_rms_norm)
+    MAX_ROWS, SkinnyConfig, norm_in_tail, skinny_gated, skinny_linear,
+    skinny_linear_add_rms_norm)
 
 __all__ = ["MAX_ROWS", "QKVParts", "SkinnyConfig", "can_take_qkv", "decode_attention",
-           "default_num_splits", "prefill_attention", "qkv_norm_rope_write", "rms_norm",
-           "skinny_gated", "skinny_linear", "skinny_linear_add_rms_norm"]
+           "default_num_splits", "norm_in_tail", "prefill_attention", "qkv_norm_rope_write",
+           "rms_norm", "skinny_gated", "skinny_linear", "skinny_linear_add_rms_norm"]

@@ -123,6 +123,12 @@ require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
 # row takes them from 92-104 to 136-138. Not yet timed on a GPU, so off by default.
 FUSED_NORM_ROWS = env_choice("OPENINFER_SKINNY_FUSED_NORM_ROWS", 0, (0, 1, 2, 4, 8, 16),
                              "largest decode batch whose GEMM does the add + RMSNorm after it")
+
+
+def norm_in_tail(rows: int, limit: int = FUSED_NORM_ROWS) -> bool:
+    """Whether a projection of ``rows`` rows does the add + RMSNorm after it in its own
+    tail (``skinny_linear_add_rms_norm``): 1 to ``limit`` rows, within ``MAX_ROWS``."""
+    return 0 < rows <= min(MAX_ROWS, limit)
 # K is split in steps of this many columns whatever the tile width when choosing how many
 # splits K gets, so a tile knob changes the tile alone (at 256, smaller models would
 # otherwise take half the splits at batch 1); with EVEN_SPLITS also where they end.
@@ -412,6 +418,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, n: int, gated: bo
                                 **pdl_args(x.device))
 
 
+def _parts_buffer(x: torch.Tensor, n: int, cfg: SkinnyConfig, dtype: torch.dtype) -> torch.Tensor:
+    """The launch's output ``[S, M, n]``: fp32 partial sums with split-K, else ``dtype``."""
+    return torch.empty((cfg.split_k, x.shape[0], n),
+                       dtype=torch.float32 if cfg.split_k > 1 else dtype, device=x.device)
+
+
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None,
                   cfg: SkinnyConfig | None = None) -> torch.Tensor:
     """``x [M, K]`` (M <= 16), ``w [N, K]`` -> parts ``[S, M, N]`` (module docstring).
@@ -419,8 +431,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | Non
     N = w.shape[0]
     cfg = cfg or launch_config(x, w, False, out_dtype is None)
     assert out_dtype is None or cfg.split_k == 1, "out_dtype asks for a finished product"
-    dtype = torch.float32 if cfg.split_k > 1 else (out_dtype or w.dtype)
-    y = torch.empty((cfg.split_k, x.shape[0], N), dtype=dtype, device=x.device)
+    y = _parts_buffer(x, N, cfg, out_dtype or w.dtype)
     _launch(x, w, y, N, False, cfg)
     return y
 
@@ -434,8 +445,7 @@ def skinny_linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch
     M, N = x.shape[0], w.shape[0]
     assert residual.shape == (M, N) and residual.stride(-1) == 1 and norm_weight.is_contiguous()
     cfg = cfg or launch_config(x, w, False, True)
-    dtype = torch.float32 if cfg.split_k > 1 else w.dtype
-    y = torch.empty((cfg.split_k, M, N), dtype=dtype, device=x.device)
+    y = _parts_buffer(x, N, cfg, w.dtype)
     out = torch.empty((M, N), dtype=residual.dtype, device=x.device)
     res_out = torch.empty((M, N), dtype=residual.dtype, device=x.device)
     tail = NormTail(residual, norm_weight, eps, out, res_out)
