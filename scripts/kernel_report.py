@@ -46,8 +46,10 @@ REGISTERS_PER_SM = 65536
 SHARED_PER_SM = 228 * 1024
 THREADS_PER_SM = 2048
 PROGRAMS_PER_SM = 32
-PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global\.v4|ld\.global\b"
-                     r"|mma\.sync|wgmma|griddepcontrol\.wait)")
+PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global(?:\.c[agsv]|\.lu)?\.v4"
+                     r"|ld\.global\b|mma\.sync|wgmma|griddepcontrol\.wait)")
+#: A load's cache hint (``.cg`` for the fused tails' reads through L2) is not a kind of its own.
+_CACHE_HINT = re.compile(r"(?<=^ld\.global)\.(?:c[agsv]|lu)")
 
 
 @dataclass
@@ -161,10 +163,16 @@ def compile_launch(launch: RecordedLaunch, arch: int) -> LaunchReport:
     compiled = compile_recorded(launch.kernel, launch.args, launch.kwargs, arch)
     ptx = compiled.asm["ptx"]
     registers, spill = _ptxas_usage(ptx, arch)
-    sequence = [m.group(1) for m in PTX_OPS.finditer(ptx)]
+    sequence = ptx_ops(ptx)
     ops = dict(sorted(collections.Counter(sequence).items()))
     return LaunchReport(launch.name, launch.grid, 32 * compiled.metadata.num_warps, registers,
                         spill, compiled.metadata.shared, ops, ops_before_first_copy(sequence))
+
+
+def ptx_ops(ptx: str) -> list[str]:
+    """The ops of ``PTX_OPS`` in program order, a vector load counted as one whatever its
+    cache hint."""
+    return [_CACHE_HINT.sub("", m.group(1)) for m in PTX_OPS.finditer(ptx)]
 
 
 def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):

@@ -6,6 +6,7 @@ caught here rather than in a GPU call."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -141,3 +142,25 @@ def test_the_fused_merge_keeps_the_split_kernel_in_one_wave(rows):
     table = _attention(stdout)
     assert "reduce" not in table
     assert table["split"]["spill"] == 0 and table["split"]["waves"] == 1
+
+
+def test_a_vector_load_is_one_kind_whatever_its_cache_hint(monkeypatch):
+    """The fused tails read other programs' stores through L2 (``ld.global.cg.v4``); those
+    are vector loads like any other, not scalar ones."""
+    # the script pops TRITON_INTERPRET when imported; the monkeypatch puts it back after
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
+    spec = importlib.util.spec_from_file_location("kernel_report_under_test", SCRIPT)
+    report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, report)     # its dataclasses look it up
+    spec.loader.exec_module(report)
+    ptx = """
+        griddepcontrol.wait;
+        ld.global.cg.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+        ld.global.v4.b32 { %r5, %r6, %r7, %r8 }, [ %rd2 + 0 ];
+        ld.global.cg.b32 %r9, [ %rd3 + 0 ];
+        ld.global.b16 %rs1, [ %rd4 + 0 ];
+        cp.async.cg.shared.global [ %r10 + 0 ], [ %rd5 + 0 ], 0x10, %r11;
+    """
+    assert report.ptx_ops(ptx) == ["griddepcontrol.wait", "ld.global.v4", "ld.global.v4",
+                                   "ld.global", "ld.global", "cp.async.cg"]
+    assert report.ops_before_first_copy(report.ptx_ops(ptx)) == 4
