@@ -229,33 +229,17 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
 
 
 @triton.jit
-def _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
-                  HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    """Head ``h`` of row ``b`` from its splits' (normalised output, log-sum-exp): a reduce
-    kernel's program."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh + offs_s, mask=s_mask, other=float("-inf"))
-    w = tl.exp(lse - tl.max(lse, axis=0))          # split 0 is never empty: max is finite
-    part = tl.load(part_ptr + b * s_pb + h * s_ph + offs_s[:, None] * s_ps + offs_d[None, :],
-                   mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
-    tl.store(o_ptr + b * s_ot + h * s_oh + offs_d, out.to(o_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
-
-
-@triton.jit
 def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
                         s_oh, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                         GROUP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
                         BLOCK_D: tl.constexpr):
-    """``_merge_splits`` for the ``GROUP`` heads from ``h0``, by the last split program of
-    a kv head, ``CHUNK`` heads (a power of two; the last chunk's heads past ``GROUP``
-    masked) at a time: their loads go out together, so the merge takes ``GROUP / CHUNK``
-    L2 round trips (rounded up), not one per head. Merged a head at a time, the four heads of a 4B made the fused kernel 7-9 us a
-    layer slower than split + reduce on an H100 (results/gpu/dec07_fused_trigger_h100/).
+    """Heads ``h0`` to ``h0 + GROUP`` of row ``b`` from their splits' (normalised output,
+    log-sum-exp): by the last split program of a kv head, or by a reduce kernel's program
+    for one head (``GROUP == CHUNK == 1``). ``CHUNK`` heads (a power of two; the last
+    chunk's heads past ``GROUP`` masked) are merged at a time: their loads go out
+    together, so the merge takes ``GROUP / CHUNK`` L2 round trips (rounded up), not one
+    per head. Merged a head at a time, the four heads of a 4B made the fused kernel 7-9 us
+    a layer slower than split + reduce on an H100 (results/gpu/dec07_fused_trigger_h100/).
     ``CHUNK`` (``merge_chunk``) keeps the partials of a chunk from costing the kernel
     registers. Reads go through L2 (``.cg``): the partials were written from other SMs."""
     offs_c = tl.arange(0, CHUNK)
@@ -287,8 +271,8 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pdl_wait(PDL)
-    _merge_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot, s_oh,
-                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D)
+    _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
+                        s_oh, HEAD_DIM, NUM_SPLITS, 1, 1, BLOCK_S, BLOCK_D)
 
 
 def merge_chunk(group: int, block_s: int, block_d: int, num_warps: int) -> int:
