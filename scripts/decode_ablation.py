@@ -8,9 +8,15 @@ timed alone, or its profiler duration inside the step, does not say what it cost
 step. This takes the other way round: the bs-1 step of the 4B geometry (random weights) is
 captured and timed, then captured again with one kind of operation replaced by a stand-in
 that launches nothing (it hands back a preallocated tensor of the right shape), and the
-difference is that kind's marginal cost in the chain, per launch. Each kind's cost is set
-against its bytes over the copy bandwidth measured in the same process: what is left is
-the kind's overhead (launch, ramp, tail, waiting). The logits of an ablated step are
+difference is that kind's marginal cost in the chain. Each kind's cost is set against its
+bytes over the copy bandwidth measured in the same process: what is left is the kind's
+overhead (launch, ramp, tail, waiting), given per op of the kind (a layer's attention,
+one of its two residual-add norms, one projection): how many kernels an op takes depends
+on the launch knobs (the split merge in the attention, the norm in a GEMM's tail), and a
+per-op figure reads the same either way. Where o_proj's or down_proj's GEMM does the norm
+after it in its tail (OPENINFER_SKINNY_FUSED_NORM_ROWS), removing the projection removes
+that launch whole, tail included, and removing ``norms`` leaves the projection's GEMM
+without its tail: the two costs overlap by the tail's share. The logits of an ablated step are
 meaningless; only its time is used. ``--ops KEY=VALUE[,...]`` (repeatable) also times the
 whole step with other ``TritonOps`` settings, e.g. ``--ops decode_splits=16 --ops
 decode_splits=64``, side by side with the default in the same process.
@@ -77,10 +83,15 @@ def stub_ops(skip: str, **settings: int) -> Any:
             return self._zeros(tuple(residual.shape), residual.dtype, residual.device), residual
 
         def linear_add_rms_norm(self, x, w, residual, norm_w, eps):
-            # o_proj or down_proj with the norm after it, fused where the knob says so;
-            # when either half is the stubbed kind, the other runs as its own launch
-            if self.skip != "norms" and self.proj.get(tuple(w.shape)) != self.skip:
+            # o_proj or down_proj with the norm after it: one launch where the norm is in
+            # the GEMM's tail, which a stubbed projection takes with it; a stubbed norm
+            # leaves the GEMM without its tail, and an unfused pair loses just its half
+            projection_stubbed = self.proj.get(tuple(w.shape)) == self.skip
+            if self.skip != "norms" and not projection_stubbed:
                 return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
+            if projection_stubbed and self.k.norm_in_tail(x.shape[0], self.fused_norm_rows):
+                normed = self._zeros(tuple(residual.shape), residual.dtype, residual.device)
+                return normed, residual
             return self.add_rms_norm(self.linear(x, w), residual, norm_w, eps)
 
         def qkv_attention(self, qkv, q_w, k_w, cos, sin, eps, k_cache, v_cache, batch,
@@ -112,9 +123,12 @@ def kind_bytes(cfg: Any, context: int, dtype: Any) -> dict[str, int]:
                 down=layers * h * i * e, lm_head=cfg.vocab_size * h * e)
 
 
-def launches(cfg: Any) -> dict[str, int]:
+def ops_per_step(cfg: Any) -> dict[str, int]:
+    """How many ops of each kind a step has, whatever kernels they take: a layer's
+    attention (q/k norm, RoPE, KV write, the splits and their merge), its two residual-add
+    norms (the first layer's input norm is not one), each projection, the LM head."""
     n = cfg.num_hidden_layers
-    return dict(attention=2 * n, norms=2 * n, qkv=n, o_proj=n, gate_up=n, down=n, lm_head=1)
+    return dict(attention=n, norms=2 * n, qkv=n, o_proj=n, gate_up=n, down=n, lm_head=1)
 
 
 def model_with(pack: Any, ops: Any) -> Any:
@@ -166,17 +180,17 @@ def main() -> None:
         full = step_time(pack, stub_ops(""), ctx, top, a.repeats)
         rows.append(dict(context=ctx, what="step", s=full))
         log(f"ctx {ctx}: step {full * 1e3:.3f} ms")
-        nbytes, count = kind_bytes(pack.cfg, ctx, pack.dtype), launches(pack.cfg)
+        nbytes, count = kind_bytes(pack.cfg, ctx, pack.dtype), ops_per_step(pack.cfg)
         for kind in KINDS:
             t = step_time(pack, stub_ops(kind), ctx, top, a.repeats)
             cost = full - t
             ideal = nbytes[kind] / bw
             rows.append(dict(context=ctx, what=f"without {kind}", s=t, cost_s=cost,
-                             ideal_s=ideal, launches=count[kind],
-                             overhead_us_per_launch=(cost - ideal) / count[kind] * 1e6))
+                             ideal_s=ideal, ops=count[kind],
+                             overhead_us_per_op=(cost - ideal) / count[kind] * 1e6))
             log(f"ctx {ctx}: {kind:9} costs {cost * 1e6:7.1f} us a step (bytes alone "
                 f"{ideal * 1e6:6.1f} us), {(cost - ideal) / count[kind] * 1e6:5.2f} us over "
-                f"per launch ({count[kind]} launches)")
+                f"per op ({count[kind]} ops)")
         for text in a.ops:
             settings = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
             t = step_time(pack, stub_ops("", **settings), ctx, top, a.repeats)

@@ -29,9 +29,9 @@ def pack(tiny_ckpt, device):
     return SimpleNamespace(cfg=cfg, weights=load_weights(tiny_ckpt, cfg, device, None))
 
 
-def _launches(pack, kind: str, monkeypatch) -> Counter:
+def _launches(pack, kind: str, monkeypatch, fused_norm_rows: int) -> Counter:
     """Kernel entry points called by one batch-1 decode step with ``kind`` stubbed."""
-    model = A.model_with(pack, A.stub_ops(kind))
+    model = A.model_with(pack, A.stub_ops(kind, fused_norm_rows=fused_norm_rows))
     names = {**model.ops.proj, (pack.cfg.vocab_size, pack.cfg.hidden_size): "lm_head"}
     calls: Counter = Counter()
     k = model.ops.k
@@ -63,20 +63,32 @@ def _launches(pack, kind: str, monkeypatch) -> Counter:
     return calls
 
 
+# the residual-add norms after o_proj and down_proj in their GEMM's tail (the default at
+# batch 1), and in norm kernels of their own
+TAIL = pytest.mark.parametrize("fused_norm_rows", [1, 0], ids=["norm_in_tail", "norm_kernels"])
+
+
 @pytest.fixture(scope="module")
-def full(pack) -> Counter:
+def full(pack) -> dict[int, Counter]:
     with pytest.MonkeyPatch.context() as mp:
-        return _launches(pack, "", mp)
+        return {rows: _launches(pack, "", mp, rows) for rows in (0, 1)}
 
 
-def test_unstubbed_step_launches_every_kind(pack, full):
+@TAIL
+def test_unstubbed_step_launches_every_kind(pack, full, fused_norm_rows):
     layers = pack.cfg.num_hidden_layers
-    assert full == Counter(attention=layers, norms=2 * layers + 1, qkv=layers, o_proj=layers,
-                           gate_up=layers, down=layers, lm_head=1)
+    assert full[fused_norm_rows] == Counter(attention=layers, norms=2 * layers + 1, qkv=layers,
+                                            o_proj=layers, gate_up=layers, down=layers,
+                                            lm_head=1)
+    assert A.ops_per_step(pack.cfg) == {**full[fused_norm_rows], "norms": 2 * layers}
 
 
+@TAIL
 @pytest.mark.parametrize("kind", A.KINDS)
-def test_each_stub_removes_only_its_kind(pack, full, kind, monkeypatch):
-    want = full.copy()
+def test_each_stub_removes_only_its_kind(pack, full, kind, fused_norm_rows, monkeypatch):
+    """A stubbed projection whose GEMM does the norm after it takes that launch whole."""
+    want = full[fused_norm_rows].copy()
     want[kind] = 1 if kind == "norms" else 0     # the first layer's input norm stays
-    assert _launches(pack, kind, monkeypatch) == +want
+    if kind in ("o_proj", "down") and fused_norm_rows:
+        want["norms"] -= pack.cfg.num_hidden_layers
+    assert _launches(pack, kind, monkeypatch, fused_norm_rows) == +want
