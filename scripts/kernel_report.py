@@ -9,7 +9,8 @@ knobs, for ``sm_<arch>`` with Triton's own compiler and ptxas, and prints per la
 registers a thread, shared memory a program, how many programs fit an SM by each, how
 many loads and MMAs come between the PDL wait and the first asynchronous copy after it,
 and the memory instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies,
-plain vector loads taken into registers before the PDL wait). A launch that spills, or
+global loads into registers by vector width whatever their cache qualifiers: the tiles
+read before the PDL wait, and a fused tail's reads of other programs' stores). A launch that spills, or
 whose W tiles stop being asynchronous copies, shows here before any GPU call.
 
 A second table does the same for the decode attention's launches (``kernels/
@@ -46,10 +47,9 @@ REGISTERS_PER_SM = 65536
 SHARED_PER_SM = 228 * 1024
 THREADS_PER_SM = 2048
 PROGRAMS_PER_SM = 32
-PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global(?:\.c[agsv]|\.lu)?\.v4"
-                     r"|ld\.global\b|mma\.sync|wgmma|griddepcontrol\.wait)")
-#: A load's cache hint (``.cg`` for the fused tails' reads through L2) is not a kind of its own.
-_CACHE_HINT = re.compile(r"(?<=^ld\.global)\.(?:c[agsv]|lu)")
+PTX_OPS = re.compile(r"\b(cp\.async\.bulk\.tensor|cp\.async\.cg|ld\.global(?:\.[\w:]+)*"
+                     r"|mma\.sync|wgmma|griddepcontrol\.wait)")
+_VECTOR = re.compile(r"\.v[248]\b")
 
 
 @dataclass
@@ -170,9 +170,18 @@ def compile_launch(launch: RecordedLaunch, arch: int) -> LaunchReport:
 
 
 def ptx_ops(ptx: str) -> list[str]:
-    """The ops of ``PTX_OPS`` in program order, a vector load counted as one whatever its
-    cache hint."""
-    return [_CACHE_HINT.sub("", m.group(1)) for m in PTX_OPS.finditer(ptx)]
+    """The ops of ``PTX_OPS`` in program order. A global load is ``ld.global`` or
+    ``ld.global.v2`` / ``.v4`` / ``.v8`` by its width alone: its cache and eviction
+    qualifiers (``.cg`` for the fused tails' reads through L2, ``.L1::evict_last``, ``.nc``)
+    do not make it another kind."""
+    ops = []
+    for m in PTX_OPS.finditer(ptx):
+        op = m.group(1)
+        if op.startswith("ld.global"):
+            width = _VECTOR.search(op)
+            op = "ld.global" + (width.group(0) if width else "")
+        ops.append(op)
+    return ops
 
 
 def compile_recorded(fn, args: tuple, kwargs: dict, arch: int):

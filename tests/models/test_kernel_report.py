@@ -146,7 +146,8 @@ def test_the_fused_merge_keeps_the_split_kernel_in_one_wave(rows):
 
 def test_a_vector_load_is_one_kind_whatever_its_cache_hint(monkeypatch):
     """The fused tails read other programs' stores through L2 (``ld.global.cg.v4``); those
-    are vector loads like any other, not scalar ones."""
+    are vector loads like any other, not scalar ones, and so are loads with other cache or
+    eviction qualifiers."""
     # the script pops TRITON_INTERPRET when imported; the monkeypatch puts it back after
     monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
     spec = importlib.util.spec_from_file_location("kernel_report_under_test", SCRIPT)
@@ -159,8 +160,12 @@ def test_a_vector_load_is_one_kind_whatever_its_cache_hint(monkeypatch):
         ld.global.v4.b32 { %r5, %r6, %r7, %r8 }, [ %rd2 + 0 ];
         ld.global.cg.b32 %r9, [ %rd3 + 0 ];
         ld.global.b16 %rs1, [ %rd4 + 0 ];
+        ld.global.L1::evict_last.v4.b32 { %r12, %r13, %r14, %r15 }, [ %rd6 + 0 ];
+        ld.global.nc.v4.b32 { %r16, %r17, %r18, %r19 }, [ %rd7 + 0 ];
+        ld.global.v2.b32 { %r20, %r21 }, [ %rd8 + 0 ];
         cp.async.cg.shared.global [ %r10 + 0 ], [ %rd5 + 0 ], 0x10, %r11;
     """
     assert report.ptx_ops(ptx) == ["griddepcontrol.wait", "ld.global.v4", "ld.global.v4",
-                                   "ld.global", "ld.global", "cp.async.cg"]
-    assert report.ops_before_first_copy(report.ptx_ops(ptx)) == 4
+                                   "ld.global", "ld.global", "ld.global.v4", "ld.global.v4",
+                                   "ld.global.v2", "cp.async.cg"]
+    assert report.ops_before_first_copy(report.ptx_ops(ptx)) == 7
