@@ -93,8 +93,9 @@ WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 
 # unfused; every batch stays one wave (``scripts/kernel_report.py``). That form, side by
 # side on an H100 (results/gpu/dec07_fused_group_h100/), was faster or equal at every point:
 # batch 1 -0.7% at 1k and -1.3% at 4k, batch 8 -1.5% / -1.3%, batch 32 -0.2% / -0.9%,
-# batch 64 (one split) equal; 255 kernels a batch-1 step instead of 291. So it is the
-# default for every launch of up to 64 splits; 0 brings the reduce kernel back.
+# batch 64 (one split) equal; 255 kernels a batch-1 step then instead of 291 (183 since
+# the norms moved into the GEMMs' tails, 12-07 19:38). So it is the default for every
+# launch of up to 64 splits; 0 brings the reduce kernel back.
 FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 64,
                                  (0, 2, 4, 8, 16, 33, 64),
                                  "most splits the last split program merges (0: never)")
@@ -224,7 +225,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
             if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
                 _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, kvh * GROUP, s_pb, s_ph, s_ps,
                                     s_lb, s_lh, s_ot, s_oh, HEAD_DIM, NUM_SPLITS, GROUP,
-                                    MERGE_CHUNK, BLOCK_S, BLOCK_D)
+                                    MERGE_CHUNK, BLOCK_S, BLOCK_D, ".cg")
                 tl.store(counter, 0)
 
 
@@ -232,8 +233,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, part_ptr, lse_ptr, bt_ptr
 def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
                         s_oh, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                         GROUP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
-    """Heads ``h0`` to ``h0 + GROUP`` of row ``b`` from their splits' (normalised output,
+                        BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+    """The ``GROUP`` heads from ``h0`` of row ``b`` from their splits' (normalised output,
     log-sum-exp): by the last split program of a kv head, or by a reduce kernel's program
     for one head (``GROUP == CHUNK == 1``). ``CHUNK`` heads (a power of two; the last
     chunk's heads past ``GROUP`` masked) are merged at a time: their loads go out
@@ -241,7 +242,9 @@ def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb,
     per head. Merged a head at a time, the four heads of a 4B made the fused kernel 7-9 us
     a layer slower than split + reduce on an H100 (results/gpu/dec07_fused_trigger_h100/).
     ``CHUNK`` (``merge_chunk``) keeps the partials of a chunk from costing the kernel
-    registers. Reads go through L2 (``.cg``): the partials were written from other SMs."""
+    registers. In the split kernel the reads go through L2 (``CACHE=".cg"``): the partials
+    were written from other SMs during this launch; the reduce kernel reads them after the
+    launch that wrote them, with plain loads."""
     offs_c = tl.arange(0, CHUNK)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -252,11 +255,11 @@ def _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h0, s_pb, s_ph, s_ps, s_lb,
         h_mask = c0 + offs_c < GROUP
         lse = tl.load(lse_ptr + b * s_lb + heads[:, None] * s_lh + offs_s[None, :],
                       mask=h_mask[:, None] & s_mask[None, :], other=float("-inf"),
-                      cache_modifier=".cg")
+                      cache_modifier=CACHE)
         part = tl.load(part_ptr + b * s_pb + heads[:, None, None] * s_ph
                        + offs_s[None, :, None] * s_ps + offs_d[None, None, :],
                        mask=h_mask[:, None, None] & s_mask[None, :, None]
-                       & d_mask[None, None, :], other=0.0, cache_modifier=".cg")
+                       & d_mask[None, None, :], other=0.0, cache_modifier=CACHE)
         lse = tl.where(h_mask[:, None], lse, 0.0)   # a padding head: finite, never stored
         w = tl.exp(lse - tl.max(lse, axis=1)[:, None])  # split 0 is never empty
         out = tl.sum(w[:, :, None] * part, axis=1) / tl.sum(w, axis=1)[:, None]
@@ -272,7 +275,7 @@ def _decode_reduce_kernel(part_ptr, lse_ptr, o_ptr, s_pb, s_ph, s_ps, s_lb, s_lh
     h = tl.program_id(1)
     pdl_wait(PDL)
     _merge_group_splits(part_ptr, lse_ptr, o_ptr, b, h, s_pb, s_ph, s_ps, s_lb, s_lh, s_ot,
-                        s_oh, HEAD_DIM, NUM_SPLITS, 1, 1, BLOCK_S, BLOCK_D)
+                        s_oh, HEAD_DIM, NUM_SPLITS, 1, 1, BLOCK_S, BLOCK_D, "")
 
 
 def merge_chunk(group: int, block_s: int, block_d: int, num_warps: int) -> int:

@@ -121,8 +121,8 @@ require(not (EVEN_SPLITS and TMA), "OPENINFER_SKINNY_EVEN_SPLITS", EVEN_SPLITS,
 # (results/gpu/fold_norms_attempt/: x computed in registers is not pipelined). At batch 1 a
 # 4B's GEMM keeps its registers (168, scripts/kernel_report.py); at 2-16 rows the tail's
 # row takes them from 92-104 to 136-138. Timed on an H100 (results/gpu/dec07_fused_norm_h100/,
-# one call, medians of 30 graph replays): bs1 3.317 -> 3.239 ms at 1k (-2.4%) and 3.490 ->
-# 3.422 ms at 4k (-1.9%); bs8 with the tail (=16) 3.868 -> 4.670 ms at 1k (+21%) and 5.040
+# one call, medians of 30 graph replays): bs1 3.317 -> 3.239 ms at 1k (-2.3%) and 3.490 ->
+# 3.422 ms at 4k (-2.0%); bs8 with the tail (=16) 3.868 -> 4.670 ms at 1k (+21%) and 5.040
 # -> 5.857 ms at 4k (+16%), the rows run one after another in one program. So batch 1 only.
 FUSED_NORM_ROWS = env_choice("OPENINFER_SKINNY_FUSED_NORM_ROWS", 1, (0, 1, 2, 4, 8, 16),
                              "largest decode batch whose GEMM does the add + RMSNorm after it")
