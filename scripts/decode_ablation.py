@@ -89,7 +89,7 @@ def stub_ops(skip: str, **settings: int) -> Any:
             projection_stubbed = self.proj.get(tuple(w.shape)) == self.skip
             if self.skip != "norms" and not projection_stubbed:
                 return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
-            if projection_stubbed and self.k.norm_in_tail(x.shape[0], self.fused_norm_rows):
+            if projection_stubbed and self.norm_in_tail(x):
                 normed = self._zeros(tuple(residual.shape), residual.dtype, residual.device)
                 return normed, residual
             return self.add_rms_norm(self.linear(x, w), residual, norm_w, eps)

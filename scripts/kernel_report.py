@@ -10,8 +10,9 @@ registers a thread, shared memory a program, how many programs fit an SM by each
 many loads and MMAs come between the PDL wait and the first asynchronous copy after it,
 and the memory instructions in the PTX (``cp.async`` pipelined copies, TMA bulk copies,
 global loads into registers by vector width whatever their cache qualifiers: the tiles
-read before the PDL wait, and a fused tail's reads of other programs' stores). A launch that spills, or
-whose W tiles stop being asynchronous copies, shows here before any GPU call.
+read before the PDL wait, and a fused tail's reads of other programs' stores). A launch
+that spills, or whose W tiles stop being asynchronous copies, shows here before any GPU
+call.
 
 A second table does the same for the decode attention's launches (``kernels/
 decode_attention.py``) at that batch over a graph captured for ``--context`` tokens, as

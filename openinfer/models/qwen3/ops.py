@@ -112,10 +112,15 @@ class TritonOps(ReferenceOps):
     def add_rms_norm(self, parts, residual, w, eps):
         return self.k.rms_norm(parts, w, eps, residual=residual)
 
+    def norm_in_tail(self, x: torch.Tensor) -> bool:
+        """Whether the projection of ``x`` does the add + RMSNorm after it in its GEMM's
+        tail: batches of at most ``fused_norm_rows`` rows (``kernels.norm_in_tail``)."""
+        return self.k.norm_in_tail(x.shape[0], self.fused_norm_rows)
+
     def linear_add_rms_norm(self, x, w, residual, norm_w, eps):
-        """Batches of at most ``FUSED_NORM_ROWS`` rows (OPENINFER_SKINNY_FUSED_NORM_ROWS):
-        the GEMM's last program does the add + norm (``skinny_linear_add_rms_norm``)."""
-        if self.k.norm_in_tail(x.shape[0], self.fused_norm_rows):
+        """Where ``norm_in_tail``, the GEMM's last program does the add + norm
+        (``skinny_linear_add_rms_norm``)."""
+        if self.norm_in_tail(x):
             return self.k.skinny_linear_add_rms_norm(x, w, residual, norm_w, eps)
         return super().linear_add_rms_norm(x, w, residual, norm_w, eps)
 
