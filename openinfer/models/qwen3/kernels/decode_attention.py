@@ -94,7 +94,9 @@ WAIT_FIRST_BLOCK_N = env_choice("OPENINFER_DECODE_WAIT_FIRST_BLOCK_N", 64, (16, 
 # side on an H100 (results/gpu/dec07_fused_group_h100/), was faster or equal at every point:
 # batch 1 -0.7% at 1k and -1.3% at 4k, batch 8 -1.5% / -1.3%, batch 32 -0.2% / -0.9%,
 # batch 64 (one split) equal; 255 kernels a batch-1 step then instead of 291 (183 since
-# the norms moved into the GEMMs' tails, 12-07 19:38). So it is the default for every
+# the norms moved into the GEMMs' tails, 12-07 19:38). Against the reduce kernel once it
+# merged through ``_merge_group_splits`` too (results/gpu/dec07_unfused_h100/): bs1 -1.1% /
+# -1.4%, bs8 -2.0% / -1.6%, bs32 -0.8% / -1.0%, bs64 equal. So it is the default for every
 # launch of up to 64 splits; 0 brings the reduce kernel back.
 FUSED_REDUCE_SPLITS = env_choice("OPENINFER_DECODE_FUSED_REDUCE_SPLITS", 64,
                                  (0, 2, 4, 8, 16, 33, 64),
