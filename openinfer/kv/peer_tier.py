@@ -64,8 +64,13 @@ class PeerTier(HostTier):
         self._drain_waiters: list[tuple[int, Event]] = []
         self._fetches: dict[str, _Fetch] = {}
         self._next_gc = GC_EVERY_S   # pegaflow's GC pass, run lazily by the next query
+        # stale_lookups_*: the MetaServer named an owner that does not hold the first block
+        # asked for (this instance itself, or a peer that has evicted it). The MetaServer is
+        # last-writer-wins and nothing withdraws an owner, so such answers are the model's,
+        # not a fault's; counted so that a run says how many hits they cost.
         self.counters.update(registrations=0, registrations_dropped=0, registration_errors=0,
-                             remote_fetches=0, remote_blocks=0, remote_failures=0)
+                             remote_fetches=0, remote_blocks=0, remote_failures=0,
+                             stale_lookups_self=0, stale_lookups_evicted=0)
         directory.add(name, self)
         rt.spawn(self._registration_worker())
 
@@ -142,9 +147,12 @@ class PeerTier(HostTier):
         if err is not None or peer is None or peer is self or n == 0:
             if err is not None:
                 self.counters["remote_failures"] += 1
+            elif peer is self:   # the first block asked for is not resident here
+                self.counters["stale_lookups_self"] += 1
             return 0
         lock = peer.lock_for_transfer(hashes[:n])
         if lock is None:
+            self.counters["stale_lookups_evicted"] += 1
             return 0
         dst = self.take_slots(len(lock))
         if dst is None:
