@@ -20,6 +20,8 @@ from typing import Any
 from simpy.events import Event, Process
 
 from openinfer.kv.config import StoreConfig
+from openinfer.kv.hashing import BlockHash
+from openinfer.kv.saves import SaveCursor
 from openinfer.kv.stats import StoreStats
 from openinfer.kv.tier import SaveRecord, Tier
 from openinfer.runtime import Runtime
@@ -32,6 +34,22 @@ class FlushOutcome:
     error: str | None = None
     started_at: float = 0.0
     finished_at: float = 0.0
+    # blocks of the covered saves still not visible and registered when the barrier ended:
+    # a request whose prompt reuses one of them (a prefix another request sealed) is not
+    # KV-ready for a peer, though every save of its own may be
+    unregistered: frozenset[BlockHash] = frozenset()
+
+
+def kv_ready(cursor: SaveCursor, outcome: FlushOutcome) -> bool:
+    """Whether a peer can find a finished request's KV once its barrier ended (spec H9):
+    every save of its own visible and registered, and no block of the prefix it inherited
+    still in a covered save that has not landed. Judged per request, not by the barrier's
+    ``ok``: a barrier vouches for every earlier save on the tier, so one stuck save of an
+    unrelated request would otherwise mark every later Finished degraded."""
+    if any(r.registered_at is None for r in cursor.records):
+        return False
+    return not (cursor.inherited and outcome.unregistered
+                and not outcome.unregistered.isdisjoint(cursor.inherited))
 
 
 class FlushBarriers:
@@ -93,6 +111,9 @@ class FlushBarriers:
             self.stats.flush_timeouts += 1
             outcome = FlushOutcome(False, timed_out=True, error="flush deadline exceeded",
                                    started_at=started, finished_at=rt.now())
+        unregistered = frozenset(h for r in covered if r.registered_at is None for h in r.hashes)
+        if unregistered:
+            outcome.unregistered = unregistered
         self.open_barriers -= 1
         for obs in self.observers:
             obs("barrier_done", dict(outcome=outcome))

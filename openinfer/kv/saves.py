@@ -7,6 +7,7 @@ from enum import Enum
 
 from simpy.events import Process
 
+from openinfer.kv.hashing import BlockHash
 from openinfer.kv.tier import SaveRecord
 
 
@@ -25,3 +26,6 @@ class SaveCursor:
     saved_blocks: int = 0
     pending: list[Process] = field(default_factory=list)
     records: list[SaveRecord] = field(default_factory=list)
+    # the prompt's prefix it matched instead of computing: sealed (or still being sealed) by
+    # whichever request computed it, so a barrier judges those blocks by that request's saves
+    inherited: list[BlockHash] = field(default_factory=list)

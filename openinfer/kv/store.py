@@ -242,8 +242,9 @@ class KvStore:
         tier = rank.tier
         if tier is None:
             return 0
-        if cursor.saved_blocks == 0:
+        if cursor.saved_blocks == 0 and kv.prefix_matched_blocks:
             cursor.saved_blocks = kv.prefix_matched_blocks  # saved by whoever computed them
+            cursor.inherited = kv.hashes[:kv.prefix_matched_blocks]
         start, end = cursor.saved_blocks, kv.registered
         if end <= start:
             return 0  # the common case on a decode step: no block completed

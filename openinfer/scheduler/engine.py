@@ -19,7 +19,7 @@ from openinfer.backend.executor import Executor, StepKind, StepPlan, StepResult
 from openinfer.errors import ConfigError
 from openinfer.kv.hashing import block_hashes, is_compact, salt_hash, token_bytes
 from openinfer.kv.prefix import ResolvePolicy
-from openinfer.kv.flush import FlushOutcome
+from openinfer.kv.flush import FlushOutcome, kv_ready
 from openinfer.kv.saves import SaveClass, SaveCursor
 from openinfer.kv.store import KvStore
 from openinfer.scheduler.admission import admit, credit
@@ -516,9 +516,9 @@ class Engine:
 
     def _release_finished(self, finishes: list[Finish]) -> None:
         """Default: send now. Prefill role: only once the flush barrier says KV is visible;
-        with ``mark_degraded_kv_ready`` a Finished whose own KV is not all registered (its
+        with ``mark_degraded_kv_ready`` a Finished whose KV is not all registered (its
         barrier timed out, a save failed, a registration was dropped) says so instead of
-        lying."""
+        lying (``kv_ready``)."""
         if not self.cfg.flush_on_finish:
             for f in finishes:
                 self._send_terminal(f.sink, f.event)
@@ -527,11 +527,7 @@ class Engine:
         def release(outcome: FlushOutcome) -> None:
             for f in finishes:
                 f.event.time = self.rt.now()
-                # Judged on this request's own saves (spec H9): the barrier also vouches for
-                # saves an earlier barrier drained, so one stuck save of another request
-                # would otherwise mark every later Finished on the tier degraded.
-                if self.cfg.switches.mark_degraded_kv_ready and any(
-                        r.registered_at is None for r in f.cursor.records):
+                if self.cfg.switches.mark_degraded_kv_ready and not kv_ready(f.cursor, outcome):
                     f.event.kv_degraded = True
                 self._send_terminal(f.sink, f.event)
             self._emit("finished_released", finishes=finishes, outcome=outcome)

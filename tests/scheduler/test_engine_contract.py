@@ -386,23 +386,27 @@ def test_load_snapshot_counts_deferred_and_running() -> None:
     assert rig.at_rest()
 
 
-def test_a_stuck_save_marks_only_its_own_requests_finished_degraded() -> None:
+def test_a_stuck_save_marks_degraded_only_the_requests_whose_kv_it_holds() -> None:
     """Regression (review, 2026-12-07): a prefill server's barrier also vouches for the
     saves an earlier barrier drained, until they land. One save that never landed made
     every later barrier on the tier report not-ok, and every later Finished was marked
-    ``kv_degraded`` although its own blocks were all registered (spec H9 is per request)."""
+    ``kv_degraded`` although its own blocks were all registered (spec H9 is per request).
+    A request that reuses the stuck blocks as its prefix is still degraded: a peer cannot
+    find its whole prompt."""
     rig = make_engine(tier=True, role=Role.PREFILL)
     stuck = prompt(64, base=3)
     first_block = block_hashes(stuck, BS)[0].hex()[:8]
     rig.host.ports.install("save", Gate(rig.rt, selector=lambda what: what == first_block))
     handles = [rig.submit(stuck, 1)]
-    for i, t in enumerate((10.0, 20.0)):
-        at(rig.rt, t, lambda i=i: handles.append(rig.submit(prompt(64, base=10_000 * (i + 1)), 1)))
+    later = [(2.0, stuck + prompt(64, base=50_000)),        # the stuck blocks as its prefix
+             (10.0, prompt(64, base=10_000)), (20.0, prompt(64, base=20_000))]
+    for t, tokens in later:
+        at(rig.rt, t, lambda tokens=tokens: handles.append(rig.submit(tokens, 1)))
     rig.run(until=60.0)
-    stuck_end, *later_ends = (only_terminal(h) for h in handles)
-    assert stuck_end.kind is EventKind.FINISHED and stuck_end.kv_degraded
-    assert stuck_end.time == pytest.approx(5.0, abs=0.1)          # its barrier's deadline
-    assert [e.kind for e in later_ends] == [EventKind.FINISHED] * 2
-    assert [e.kv_degraded for e in later_ends] == [False, False]
-    assert [e.time - t for e, t in zip(later_ends, (10.0, 20.0))] == pytest.approx([0, 0], abs=0.1)
+    ends = [only_terminal(h) for h in handles]
+    assert [e.kind for e in ends] == [EventKind.FINISHED] * 4
+    assert [e.kv_degraded for e in ends] == [True, True, False, False]
+    assert ends[0].time == pytest.approx(5.0, abs=0.1)         # its barrier's deadline
+    assert ends[1].time == pytest.approx(5.0, abs=0.1)         # chained behind it
+    assert [e.time - t for e, (t, _) in zip(ends[2:], later[1:])] == pytest.approx([0, 0], abs=0.1)
     assert rig.store.stats.flush_timeouts == 1
