@@ -67,7 +67,8 @@ class PeerTier(HostTier):
         # stale_lookups_*: the MetaServer named an owner that does not hold the first block
         # asked for (this instance itself, or a peer that has evicted it). The MetaServer is
         # last-writer-wins and nothing withdraws an owner, so such answers are the model's,
-        # not a fault's; counted so that a run says how many hits they cost.
+        # not a fault's; counted so that a run says how often they come (each re-query of a
+        # waiting resolve is a fetch of its own, so one request can count many times).
         self.counters.update(registrations=0, registrations_dropped=0, registration_errors=0,
                              remote_fetches=0, remote_blocks=0, remote_failures=0,
                              stale_lookups_self=0, stale_lookups_evicted=0)
@@ -147,8 +148,8 @@ class PeerTier(HostTier):
         if err is not None or peer is None or peer is self or n == 0:
             if err is not None:
                 self.counters["remote_failures"] += 1
-            elif peer is self:   # the first block asked for is not resident here
-                self.counters["stale_lookups_self"] += 1
+            elif peer is self and not self.contains(hashes[0]):   # (a save may have landed
+                self.counters["stale_lookups_self"] += 1            # during the lookup)
             return 0
         lock = peer.lock_for_transfer(hashes[:n])
         if lock is None:

@@ -76,7 +76,8 @@ def test_a_fetch_pulls_from_the_registered_owner():
 def test_stale_owners_are_misses_and_are_counted():
     """d computes a, p pulls it from d, then d evicts it: the MetaServer still names d. d
     asking again is told "d"; a third instance is sent to d, which no longer holds a,
-    while p does. Both are misses; both are counted."""
+    while p does. Both are misses; both are counted. (Today's model: the third instance's
+    miss is a lost hit, and this test changes once owners are withdrawn.)"""
     w = Peers()
     d, p, q = w.tier("decode", 1), w.tier("prefill", 4), w.tier("other", 4)
     a, b = _h(1), _h(2)
