@@ -97,23 +97,22 @@ class FlushBarriers:
             ok = yield from rt.wait(prev, deadline)
         if ok:
             ok = yield from rt.wait(flush, deadline)
+        pending = [r for r in covered if r.registered_at is None]
+        unregistered = frozenset(h for r in pending for h in r.hashes)
         if ok:
             result = flush.value
-            outcome = FlushOutcome(result.ok, error=result.error, started_at=started, finished_at=rt.now())
-            missing = sum(r.registered_at is None for r in covered)
-            if missing and outcome.ok:
+            outcome = FlushOutcome(result.ok, error=result.error, started_at=started,
+                                   finished_at=rt.now(), unregistered=unregistered)
+            if pending and outcome.ok:
                 # A covered save failed, lost its registration, or was drained by a predecessor
                 # that gave up on it: the barrier cannot vouch for it.
                 outcome = FlushOutcome(False, timed_out=prev is not None and prev.value.timed_out,
-                                       error=f"{missing} covered save(s) are not visible and registered",
-                                       started_at=started, finished_at=rt.now())
+                                       error=f"{len(pending)} covered save(s) are not visible and registered",
+                                       started_at=started, finished_at=rt.now(), unregistered=unregistered)
         else:
             self.stats.flush_timeouts += 1
             outcome = FlushOutcome(False, timed_out=True, error="flush deadline exceeded",
-                                   started_at=started, finished_at=rt.now())
-        unregistered = frozenset(h for r in covered if r.registered_at is None for h in r.hashes)
-        if unregistered:
-            outcome.unregistered = unregistered
+                                   started_at=started, finished_at=rt.now(), unregistered=unregistered)
         self.open_barriers -= 1
         for obs in self.observers:
             obs("barrier_done", dict(outcome=outcome))
