@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from openinfer.backend.transfer import InstantTransfer
 from openinfer.kv import (CacheScope, Gate, HostTier, KvStore, NeverCancelled, Ports, Rank, RequestKv,
                           ResolvePolicy, SaveClass, SaveCursor, StoreConfig, salt_hash)
+from openinfer.kv.hashing import BASE_SALT, block_hashes
 from openinfer.kv.pool import BlockPool
 from openinfer.runtime import SimRuntime
 
@@ -18,6 +19,12 @@ TIER_PORTS = ("query", "load", "save", "flush")
 def prompt(n_tokens: int, family: int = 0) -> list[int]:
     """Deterministic tokens; different families share no block."""
     return [1 + family * 100_000 + i for i in range(n_tokens)]
+
+
+def block_hash(family: int) -> bytes:
+    """The hash of one full block of tokens that no other family's block shares."""
+    (h,) = block_hashes([family * 1000 + i for i in range(BS)], BS, BASE_SALT)
+    return h
 
 
 class Cancel:

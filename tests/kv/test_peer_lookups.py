@@ -10,19 +10,12 @@ block.
 
 from __future__ import annotations
 
+from kvworld import BS, block_hash
 from openinfer.backend.transfer import InstantTransfer
 from openinfer.kv import MetaServer, PeerDirectory, PeerTier
-from openinfer.kv.hashing import BASE_SALT, block_hashes
 from openinfer.kv.pool import BlockPool, PageRefs
 from openinfer.kv.tier import QueryKind
 from openinfer.runtime import SimRuntime
-
-BS = 16
-
-
-def _h(family: int) -> bytes:
-    (h,) = block_hashes([family * 1000 + i for i in range(BS)], BS, BASE_SALT)
-    return h
 
 
 class Peers:
@@ -66,7 +59,7 @@ class Peers:
 def test_a_fetch_pulls_from_the_registered_owner():
     w = Peers()
     owner, reader = w.tier("prefill", 4), w.tier("decode", 4)
-    a = _h(1)
+    a = block_hash(1)
     w.save(owner, a)
     assert w.hits(reader, a) == 1 and reader.contains(a)
     assert reader.counters["remote_blocks"] == 1
@@ -80,7 +73,7 @@ def test_stale_owners_are_misses_and_are_counted():
     miss is a lost hit, and this test changes once owners are withdrawn.)"""
     w = Peers()
     d, p, q = w.tier("decode", 1), w.tier("prefill", 4), w.tier("other", 4)
-    a, b = _h(1), _h(2)
+    a, b = block_hash(1), block_hash(2)
     w.save(d, a)
     assert w.hits(p, a) == 1
     w.save(d, b)                                     # d's one slot: a is evicted

@@ -5,19 +5,11 @@ from __future__ import annotations
 
 from simpy.events import Event
 
-from kvworld import World, prompt
+from kvworld import BS, World, block_hash, prompt
 from openinfer.backend.transfer import InstantTransfer
 from openinfer.kv import HostTier, MetaServer, PeerDirectory, PeerTier, SaveClass, SaveCursor
-from openinfer.kv.hashing import BASE_SALT, block_hashes
 from openinfer.kv.pool import BlockPool, PageRefs
 from openinfer.runtime import SimRuntime
-
-BS = 16
-
-
-def _h(family: int) -> bytes:
-    (h,) = block_hashes([family * 1000 + i for i in range(BS)], BS, BASE_SALT)
-    return h
 
 
 def _save(rt: SimRuntime, tier: HostTier, pool: BlockPool, hashes: list[bytes]):
@@ -61,7 +53,7 @@ def test_a_peer_read_that_outlives_the_owners_lock_is_dropped_not_served():
                      directory=directory, transfer_lock_ttl_s=1.0)
     reads = SlowPeerReads(rt, directory, read_s=3.0)
     reader = PeerTier(rt, 4, reads, name="decode", namespace="ns", metaserver=ms, directory=directory)
-    a, b = _h(1), _h(2)
+    a, b = block_hash(1), block_hash(2)
     _save(rt, owner, pool, [a])
     rt.run(until=rt.now() + 0.01)
     reader.query("r1", [a], wait_full=True)            # a miss: the fetch from the owner starts
@@ -104,7 +96,7 @@ def test_a_save_never_evicts_a_block_it_counts_as_already_saved():
     rt = SimRuntime(seed=0)
     pool = BlockPool(BS, 8)
     tier = HostTier(rt, 1, InstantTransfer(rt))
-    a, b = _h(1), _h(2)
+    a, b = block_hash(1), block_hash(2)
     _save(rt, tier, pool, [a])
     rec = _save(rt, tier, pool, [a, b])
     assert tier.contains(a)
@@ -122,7 +114,7 @@ def test_another_save_cannot_evict_a_block_a_save_in_flight_counts_as_saved():
     rt = SimRuntime(seed=0)
     pool = BlockPool(BS, 8)
     tier = HostTier(rt, 2, SlowSaves(rt))
-    a, b, c = _h(1), _h(2), _h(3)
+    a, b, c = block_hash(1), block_hash(2), block_hash(3)
     rt.run(until=_save(rt, tier, pool, [a]).done)
     first = _save(rt, tier, pool, [a, b])          # a resident; b's copy takes 1 s
     second = _save(rt, tier, pool, [c])            # no free slot: only a could make room
