@@ -365,11 +365,12 @@ class Monitor:
         for f in d["finishes"]:
             if f.event.kv_degraded:
                 continue
-            for rec in f.cursor.records:
-                if rec.registered_at is None or rec.registered_at > now:
-                    self.fail("kv_ready_after_registration",
-                              f"r{f.event.req_id}'s Finished left while a sealed save of {len(rec.hashes)} "
-                              f"blocks was not visible and registered (and it was not marked degraded)")
+            for whose, recs in (("a sealed", f.cursor.records), ("its reused prefix's", f.cursor.inherited)):
+                for rec in recs:
+                    if rec.registered_at is None or rec.registered_at > now:
+                        self.fail("kv_ready_after_registration",
+                                  f"r{f.event.req_id}'s Finished left while {whose} save of {len(rec.hashes)} "
+                                  f"blocks was not visible and registered (and it was not marked degraded)")
 
     # -- store events -----------------------------------------------------------------
     def on_store(self, kind: str, data: dict[str, Any]) -> None:

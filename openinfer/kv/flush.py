@@ -20,7 +20,6 @@ from typing import Any
 from simpy.events import Event, Process
 
 from openinfer.kv.config import StoreConfig
-from openinfer.kv.hashing import BlockHash
 from openinfer.kv.saves import SaveCursor
 from openinfer.kv.stats import StoreStats
 from openinfer.kv.tier import SaveRecord, Tier
@@ -34,22 +33,17 @@ class FlushOutcome:
     error: str | None = None
     started_at: float = 0.0
     finished_at: float = 0.0
-    # blocks of the covered saves still not visible and registered when the barrier ended:
-    # a request whose prompt reuses one of them (a prefix another request sealed) is not
-    # KV-ready for a peer, though every save of its own may be
-    unregistered: frozenset[BlockHash] = frozenset()
 
 
-def kv_ready(cursor: SaveCursor, outcome: FlushOutcome) -> bool:
+def kv_ready(cursor: SaveCursor) -> bool:
     """Whether a peer can find a finished request's KV once its barrier ended (spec H9):
-    every save of its own visible and registered, and no block of the prefix it inherited
-    still in a covered save that has not landed. Judged per request, not by the barrier's
-    ``ok``: a barrier vouches for every earlier save on the tier, so one stuck save of an
-    unrelated request would otherwise mark every later Finished degraded."""
-    if any(r.registered_at is None for r in cursor.records):
-        return False
-    return not (cursor.inherited and outcome.unregistered
-                and not outcome.unregistered.isdisjoint(cursor.inherited))
+    every save of its own visible and registered, and every save of the prefix it
+    inherited too (``SaveCursor.inherited``: one still in flight, or one that failed, which
+    no barrier covers any more). Judged per request, not by the barrier's ``ok``: a barrier
+    vouches for every earlier save on the tier, so one stuck save of an unrelated request
+    would otherwise mark every later Finished degraded."""
+    return all(r.registered_at is not None for r in cursor.records) \
+        and all(r.registered_at is not None for r in cursor.inherited)
 
 
 class FlushBarriers:
@@ -98,21 +92,20 @@ class FlushBarriers:
         if ok:
             ok = yield from rt.wait(flush, deadline)
         pending = [r for r in covered if r.registered_at is None]
-        unregistered = frozenset(h for r in pending for h in r.hashes)
         if ok:
             result = flush.value
             outcome = FlushOutcome(result.ok, error=result.error, started_at=started,
-                                   finished_at=rt.now(), unregistered=unregistered)
+                                   finished_at=rt.now())
             if pending and outcome.ok:
                 # A covered save failed, lost its registration, or was drained by a predecessor
                 # that gave up on it: the barrier cannot vouch for it.
                 outcome = FlushOutcome(False, timed_out=prev is not None and prev.value.timed_out,
                                        error=f"{len(pending)} covered save(s) are not visible and registered",
-                                       started_at=started, finished_at=rt.now(), unregistered=unregistered)
+                                       started_at=started, finished_at=rt.now())
         else:
             self.stats.flush_timeouts += 1
             outcome = FlushOutcome(False, timed_out=True, error="flush deadline exceeded",
-                                   started_at=started, finished_at=rt.now(), unregistered=unregistered)
+                                   started_at=started, finished_at=rt.now())
         self.open_barriers -= 1
         for obs in self.observers:
             obs("barrier_done", dict(outcome=outcome))

@@ -25,7 +25,7 @@ from openinfer.kv.prefix import CacheScope, CancelProbe, KvPrefix, ResolveOutcom
 from openinfer.kv.probe import PrefixProbe, Reservation, commit_loaded_blocks, probe_prefix, \
     reserve_loaded_blocks
 from openinfer.kv.request_kv import RequestKv
-from openinfer.kv.saves import SaveClass, SaveCursor
+from openinfer.kv.saves import LatestSaves, SaveClass, SaveCursor
 from openinfer.kv.stats import DegradeReason, StoreStats
 from openinfer.kv.tier import QueryKind, QueryResult, Tier
 from openinfer.runtime import Runtime
@@ -42,6 +42,7 @@ class Rank:
     pinned: int = 0
     loads: list[Process] = field(default_factory=list)
     loads_closed: bool = False    # a teardown barrier began: no restore may start after it
+    saves: LatestSaves = field(default_factory=LatestSaves)  # judged for the prefixes reused
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class KvStore:
             return 0
         if cursor.saved_blocks == 0 and kv.prefix_matched_blocks:
             cursor.saved_blocks = kv.prefix_matched_blocks  # saved by whoever computed them
-            cursor.inherited = kv.hashes[:kv.prefix_matched_blocks]
+            cursor.inherited = rank.saves.unsettled(kv.hashes[:kv.prefix_matched_blocks])
         start, end = cursor.saved_blocks, kv.registered
         if end <= start:
             return 0  # the common case on a decode step: no block completed
@@ -257,6 +258,7 @@ class KvStore:
         self.stats.saves_submitted += 1
         rec = tier.save(pages, hashes, guards)
         cursor.records.append(rec)
+        rank.saves.add(rec, rank.pool)
         for obs in self.observers:  # a literal, not dict(record=...): a keyword call per save
             obs("save_submitted", {"record": rec})
         if cls is _HANDOFF:

@@ -527,7 +527,7 @@ class Engine:
         def release(outcome: FlushOutcome) -> None:
             for f in finishes:
                 f.event.time = self.rt.now()
-                if self.cfg.switches.mark_degraded_kv_ready and not kv_ready(f.cursor, outcome):
+                if self.cfg.switches.mark_degraded_kv_ready and not kv_ready(f.cursor):
                     f.event.kv_degraded = True
                 self._send_terminal(f.sink, f.event)
             self._emit("finished_released", finishes=finishes, outcome=outcome)

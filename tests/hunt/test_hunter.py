@@ -26,8 +26,10 @@ def _load(path: Path) -> tuple[dict, Scenario]:
 
 @pytest.mark.parametrize("path", REGRESSIONS, ids=[p.stem for p in REGRESSIONS])
 def test_regression_seed_is_clean_under_fixed_and_caught_with_its_bug(path: Path) -> None:
-    """C1, P1, D1 were found by hunting `fixed` itself, S1 by a contract test; each seed is
-    the shrunk scenario. Fixed must pass it; the bug planted back must be caught on it."""
+    """C1, P1, D1 and H9_reused_prefix were found by hunting `fixed` itself, S1 by a
+    contract test; each seed is the shrunk scenario. Fixed must pass it; the bug planted
+    back must be caught on it (H9_reused_prefix: a request that reused the prefix of a
+    failed save, judged KV-ready until 2026-12-08; H9 stops judging at all)."""
     seed, sc = _load(path)
     assert run_scenario(sc).violation is None
     buggy = run_scenario(replace(sc, variant=f"fixed+{seed['bug']}"))

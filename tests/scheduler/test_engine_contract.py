@@ -410,3 +410,27 @@ def test_a_stuck_save_marks_degraded_only_the_requests_whose_kv_it_holds() -> No
     assert ends[1].time == pytest.approx(5.0, abs=0.1)         # chained behind it
     assert [e.time - t for e, (t, _) in zip(ends[2:], later[1:])] == pytest.approx([0, 0], abs=0.1)
     assert rig.store.stats.flush_timeouts == 1
+
+
+def test_a_request_reusing_blocks_whose_save_failed_is_marked_degraded() -> None:
+    """Regression (review, 2026-12-08): a request that matched its prefix in the GPU radix
+    inherits those blocks' saves from the request that computed them. When that save had
+    failed, no barrier covered it any more, and the later request's Finished said KV-ready
+    for a prompt a peer cannot find (spec H9). Its own blocks, saved fine, do not make up
+    for the prefix."""
+    rig = make_engine(tier=True, role=Role.PREFILL)
+    failing = prompt(64, base=3)
+    first_block = block_hashes(failing, BS)[0].hex()[:8]
+    gate = rig.host.ports.install("save", Gate(rig.rt, selector=lambda what: what == first_block))
+    handles = [rig.submit(failing, 1)]
+    at(rig.rt, 1.0, lambda: gate.release_all(error="copy engine error"))
+    later = [(2.0, failing + prompt(64, base=50_000)),      # the failed blocks as its prefix
+             (3.0, prompt(64, base=10_000))]
+    for t, tokens in later:
+        at(rig.rt, t, lambda tokens=tokens: handles.append(rig.submit(tokens, 1)))
+    rig.run(until=30.0)
+    ends = [only_terminal(h) for h in handles]
+    assert [e.kind for e in ends] == [EventKind.FINISHED] * 3
+    assert rig.store.stats.saves_failed == 1
+    assert [e.kv_degraded for e in ends] == [True, True, False]
+    assert [e.time - t for e, (t, _) in zip(ends[1:], later)] == pytest.approx([0, 0], abs=0.1)
